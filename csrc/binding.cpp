@@ -1,0 +1,174 @@
+#include "binding.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+
+namespace gradacc::binding {
+namespace {
+
+std::string device_name(const at::Tensor& t) { return t.device().str(); }
+
+DType to_dtype(const char* op, const char* arg, int64_t i, const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    default:
+      TORCH_CHECK_TYPE(false, op, ": ", arg, "[", i, "] has dtype ", t.scalar_type(),
+                       "; expected float32, float16 or bfloat16");
+  }
+}
+
+// A tensor the kernels may read or write as flat contiguous storage.
+// `device` is the list's device: every tensor of every list must be there.
+Span check_list_tensor(const char* op, const char* arg, int64_t i, const at::Tensor& t, const at::Device& device) {
+  TORCH_CHECK_VALUE(t.defined(), op, ": ", arg, "[", i, "] is undefined (None)");
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, op, ": ", arg, "[", i, "] has layout ", t.layout(),
+                    "; expected a dense (strided) tensor");
+  TORCH_CHECK_VALUE(t.device() == device, op, ": ", arg, "[", i, "] is on ", device_name(t),
+                    " but the list is on ", device.str(), "; all tensors must be on one device");
+  const DType dtype = to_dtype(op, arg, i, t);
+  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", arg, "[", i, "] is not contiguous (sizes ", t.sizes(),
+                    ", strides ", t.strides(), "); expected a contiguous tensor");
+  return Span{t.data_ptr(), t.numel(), dtype};
+}
+
+std::vector<Span> check_list(const char* op, const char* arg, at::TensorList list, const at::Device& device) {
+  std::vector<Span> spans;
+  spans.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) spans.push_back(check_list_tensor(op, arg, int64_t(i), list[i], device));
+  return spans;
+}
+
+// A one-element float32 tensor holding a scale, flag or norm on `device`.
+void check_scalar(const char* op, const char* arg, const at::Tensor& t, const at::Device& device) {
+  TORCH_CHECK_VALUE(t.defined(), op, ": ", arg, " is undefined (None)");
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, op, ": ", arg, " has dtype ", t.scalar_type(),
+                   "; expected a one-element float32 tensor");
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided && t.numel() == 1, op, ": ", arg, " has ", t.numel(),
+                    " elements; expected a one-element float32 tensor");
+  TORCH_CHECK_VALUE(t.device() == device, op, ": ", arg, " is on ", device_name(t), " but the tensors are on ",
+                    device.str(), "; expected it on the same device");
+}
+
+NormKind to_norm_kind(const char* op, double norm_type) {
+  if (norm_type == 2.0) return NormKind::kL2;
+  if (std::isinf(norm_type) && norm_type > 0) return NormKind::kInf;
+  TORCH_CHECK_VALUE(false, op, ": norm_type must be 2.0 or inf, got ", norm_type);
+}
+
+void check_finite_scalar(const char* op, const char* arg, double v, bool positive) {
+  TORCH_CHECK_VALUE(std::isfinite(v), op, ": ", arg, " must be finite, got ", v);
+  TORCH_CHECK_VALUE(!positive || v > 0, op, ": ", arg, " must be > 0, got ", v);
+}
+
+// The device a list lives on; `fallback` (an output tensor) when it is empty.
+at::Device list_device(at::TensorList list, const at::Tensor* fallback) {
+  for (const auto& t : list) {
+    if (t.defined()) return t.device();
+  }
+  return fallback != nullptr ? fallback->device() : at::Device(at::kCPU);
+}
+
+}  // namespace
+
+AccumulateParams accumulate_params(const char* op, at::TensorList bufs, at::TensorList grads, double alpha,
+                                   const std::optional<at::Tensor>& alpha_tensor, bool assign) {
+  TORCH_CHECK_VALUE(bufs.size() == grads.size(), op, ": bufs and grads must have the same length, got ",
+                    bufs.size(), " and ", grads.size());
+  const at::Device device = list_device(bufs, alpha_tensor ? &*alpha_tensor : nullptr);
+  AccumulateParams p;
+  p.bufs = check_list(op, "bufs", bufs, device);
+  p.grads = check_list(op, "grads", grads, device);
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    TORCH_CHECK_VALUE(bufs[i].sizes() == grads[i].sizes(), op, ": grads[", i, "] has shape ", grads[i].sizes(),
+                      " but bufs[", i, "] has shape ", bufs[i].sizes(), "; expected equal shapes");
+    TORCH_CHECK_TYPE(p.bufs[i].dtype == DType::kFloat32 || p.bufs[i].dtype == p.grads[i].dtype, op, ": bufs[", i,
+                     "] has dtype ", bufs[i].scalar_type(), " but grads[", i, "] has dtype ", grads[i].scalar_type(),
+                     "; a buffer must be float32 or its grad's dtype");
+  }
+  check_finite_scalar(op, "alpha", alpha, false);
+  if (alpha_tensor) {
+    check_scalar(op, "alpha_tensor", *alpha_tensor, device);
+    p.alpha_ptr = alpha_tensor->data_ptr<float>();
+  }
+  p.alpha = float(alpha);
+  p.assign = assign;
+  return p;
+}
+
+AccumulateParams accumulate_final_params(const char* op, at::TensorList bufs, at::TensorList grads, double alpha,
+                                         const std::optional<at::Tensor>& alpha_tensor, bool assign,
+                                         const std::optional<at::Tensor>& inv_scale, const at::Tensor& found_inf,
+                                         const at::Tensor& norm_out, double norm_type) {
+  AccumulateParams p = accumulate_params(op, bufs, grads, alpha, alpha_tensor, assign);
+  const at::Device device = list_device(bufs, &norm_out);
+  check_scalar(op, "found_inf", found_inf, device);
+  check_scalar(op, "norm_out", norm_out, device);
+  if (inv_scale) {
+    check_scalar(op, "inv_scale", *inv_scale, device);
+    p.inv_scale_ptr = inv_scale->data_ptr<float>();
+  }
+  p.final_step = true;
+  p.found_inf = found_inf.data_ptr<float>();
+  p.norm_out = norm_out.data_ptr<float>();
+  p.norm_kind = to_norm_kind(op, norm_type);
+  return p;
+}
+
+NormParams norm_params(const char* op, at::TensorList tensors, double norm_type) {
+  NormParams p;
+  p.tensors = check_list(op, "tensors", tensors, list_device(tensors, nullptr));
+  p.norm_kind = to_norm_kind(op, norm_type);
+  return p;
+}
+
+std::pair<at::Tensor, at::Tensor> norm_outputs(at::TensorList tensors, bool per_tensor, NormParams& params) {
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(list_device(tensors, nullptr));
+  at::Tensor total = at::empty({}, options);
+  at::Tensor each = at::empty({per_tensor ? int64_t(tensors.size()) : 0}, options);
+  params.total_out = total.data_ptr<float>();
+  params.per_tensor_out = per_tensor ? each.data_ptr<float>() : nullptr;
+  return {total, each};
+}
+
+ScaleParams unscale_params(const char* op, at::TensorList tensors, const at::Tensor& inv_scale,
+                           const at::Tensor& found_inf) {
+  const at::Device device = list_device(tensors, &found_inf);
+  ScaleParams p;
+  p.tensors = check_list(op, "tensors", tensors, device);
+  check_scalar(op, "inv_scale", inv_scale, device);
+  check_scalar(op, "found_inf", found_inf, device);
+  p.mode = ScaleMode::kUnscale;
+  p.inv_scale_ptr = inv_scale.data_ptr<float>();
+  p.found_inf = found_inf.data_ptr<float>();
+  return p;
+}
+
+ScaleParams clip_norm_params(const char* op, at::TensorList tensors, const at::Tensor& total_norm, double max_norm,
+                             double eps) {
+  const at::Device device = list_device(tensors, &total_norm);
+  ScaleParams p;
+  p.tensors = check_list(op, "tensors", tensors, device);
+  check_scalar(op, "total_norm", total_norm, device);
+  check_finite_scalar(op, "max_norm", max_norm, true);
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
+  p.mode = ScaleMode::kClipNorm;
+  p.norm_ptr = total_norm.data_ptr<float>();
+  p.max_norm = float(max_norm);
+  p.eps = float(eps);
+  return p;
+}
+
+ScaleParams clip_value_params(const char* op, at::TensorList tensors, double clip_value) {
+  ScaleParams p;
+  p.tensors = check_list(op, "tensors", tensors, list_device(tensors, nullptr));
+  check_finite_scalar(op, "clip_value", clip_value, true);
+  p.mode = ScaleMode::kClipValue;
+  p.clip_value = float(clip_value);
+  return p;
+}
+
+}  // namespace gradacc::binding

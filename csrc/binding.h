@@ -1,0 +1,41 @@
+// The binding layer: every tensor check of every op lives here.
+//
+// Each function validates the op's arguments completely, then converts them
+// to the raw-pointer params of csrc/kernels/params.h. A bad argument throws a
+// c10::Error that names it before any kernel runs, so nothing is written on
+// an error path. The CPU (ops.cpp) and CUDA (cuda/register_cuda.cpp)
+// registrations call these and then hand the params to their kernels.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+#include "kernels/params.h"
+
+namespace gradacc::binding {
+
+AccumulateParams accumulate_params(const char* op, at::TensorList bufs, at::TensorList grads, double alpha,
+                                   const std::optional<at::Tensor>& alpha_tensor, bool assign);
+
+// accumulate_params plus the final micro-step's unscale, found-inf and norm.
+AccumulateParams accumulate_final_params(const char* op, at::TensorList bufs, at::TensorList grads, double alpha,
+                                         const std::optional<at::Tensor>& alpha_tensor, bool assign,
+                                         const std::optional<at::Tensor>& inv_scale, const at::Tensor& found_inf,
+                                         const at::Tensor& norm_out, double norm_type);
+
+// Checks the list and the norm type; the outputs are allocated by the caller
+// afterwards with norm_outputs().
+NormParams norm_params(const char* op, at::TensorList tensors, double norm_type);
+
+// Allocates (total, per_tensor) float32 outputs on the list's device and
+// points the params at them. per_tensor is empty unless requested.
+std::pair<at::Tensor, at::Tensor> norm_outputs(at::TensorList tensors, bool per_tensor, NormParams& params);
+
+ScaleParams unscale_params(const char* op, at::TensorList tensors, const at::Tensor& inv_scale,
+                           const at::Tensor& found_inf);
+ScaleParams clip_norm_params(const char* op, at::TensorList tensors, const at::Tensor& total_norm, double max_norm,
+                             double eps);
+ScaleParams clip_value_params(const char* op, at::TensorList tensors, double clip_value);
+
+}  // namespace gradacc::binding

@@ -1,0 +1,163 @@
+// CPU kernels. Work is split into the chunks of csrc/kernels/chunking.h and
+// run with at::parallel_for; each chunk keeps its own norm partial, and the
+// partials are merged in chunk order, so results do not depend on threads.
+#include "kernels_cpu.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "../kernels/chunking.h"
+#include "../kernels/dispatch.cuh"
+
+namespace gradacc::cpu {
+namespace {
+
+// Norm statistics over a run of already-final float values, in kLanes
+// independent accumulators so the loop vectorises; lanes merge in a fixed order.
+constexpr int kLanes = 8;
+
+struct LaneAcc {
+  NormAcc lane[kLanes];
+  LaneAcc() {
+    for (auto& l : lane) l = norm_acc_init();
+  }
+  NormAcc merged() const {
+    NormAcc a = norm_acc_init();
+    for (const auto& l : lane) a = norm_acc_merge(a, l);
+    return a;
+  }
+};
+
+// Runs `chunk_fn(chunk_index, chunk_ref)` over every chunk of `spans` in parallel.
+template <typename SpanVec, typename F>
+void for_each_chunk(const SpanVec& spans, const std::vector<ChunkRef>& chunks, F&& chunk_fn) {
+  at::parallel_for(0, int64_t(chunks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) chunk_fn(c, chunks[c]);
+  });
+}
+
+float effective_alpha(const AccumulateParams& p) {
+  return p.alpha_ptr ? mul_rn(p.alpha, *p.alpha_ptr) : p.alpha;
+}
+
+template <typename B, typename G, bool kFinal>
+void accumulate_chunk(B* buf, const G* grad, int64_t n, float alpha, bool assign, float inv_scale,
+                      NormAcc* partial, bool* nonfinite) {
+  if constexpr (!kFinal) {
+    for (int64_t i = 0; i < n; ++i) {
+      buf[i] = Elem<B>::store(accumulate_value(Elem<B>::load(buf[i]), Elem<G>::load(grad[i]), alpha, assign));
+    }
+  } else {
+    LaneAcc acc;
+    bool bad = false;
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = accumulate_final_value(Elem<B>::load(buf[i]), Elem<G>::load(grad[i]), alpha, assign, inv_scale);
+      const B stored = Elem<B>::store(v);
+      buf[i] = stored;
+      // Statistics describe what was stored (a low-precision buffer may round
+      // a finite fp32 value to Inf): that is what the optimizer will read.
+      const float s = Elem<B>::load(stored);
+      bad |= !is_finite(s);
+      acc.lane[i % kLanes] = norm_acc_add(acc.lane[i % kLanes], s);
+    }
+    *partial = acc.merged();
+    *nonfinite = bad;
+  }
+}
+
+// Merges per-chunk partials into the total and, optionally, per-tensor norms.
+void finish_norm(const std::vector<ChunkRef>& chunks, const std::vector<NormAcc>& partials,
+                 size_t num_tensors, NormKind kind, float* total_out, float* per_tensor_out) {
+  NormAcc total = norm_acc_init();
+  for (const auto& part : partials) total = norm_acc_merge(total, part);
+  *total_out = norm_acc_result(total, kind);
+  if (per_tensor_out == nullptr) return;
+  std::vector<NormAcc> per(num_tensors, norm_acc_init());
+  for (size_t c = 0; c < chunks.size(); ++c) per[chunks[c].tensor] = norm_acc_merge(per[chunks[c].tensor], partials[c]);
+  for (size_t t = 0; t < num_tensors; ++t) per_tensor_out[t] = norm_acc_result(per[t], kind);
+}
+
+}  // namespace
+
+void accumulate(const AccumulateParams& p) {
+  const auto chunks = list_chunks(p.bufs);
+  const float alpha = effective_alpha(p);
+  const float inv_scale = p.inv_scale_ptr ? *p.inv_scale_ptr : 1.0f;
+  std::vector<NormAcc> partials(p.final_step ? chunks.size() : 0);
+  std::atomic<bool> found{false};
+
+  for_each_chunk(p.bufs, chunks, [&](int64_t c, const ChunkRef& ref) {
+    const Span& b = p.bufs[ref.tensor];
+    const Span& g = p.grads[ref.tensor];
+    const int64_t n = std::min(kChunkElems, b.numel - ref.first_elem);
+    dispatch_buf_grad(b.dtype, g.dtype, [&](auto buf_tag, auto grad_tag) {
+      using B = decltype(buf_tag);
+      using G = decltype(grad_tag);
+      B* buf = static_cast<B*>(b.data) + ref.first_elem;
+      const G* grad = static_cast<const G*>(g.data) + ref.first_elem;
+      if (p.final_step) {
+        bool bad = false;
+        accumulate_chunk<B, G, true>(buf, grad, n, alpha, p.assign, inv_scale, &partials[c], &bad);
+        if (bad) found.store(true, std::memory_order_relaxed);
+      } else {
+        accumulate_chunk<B, G, false>(buf, grad, n, alpha, p.assign, inv_scale, nullptr, nullptr);
+      }
+    });
+  });
+
+  if (!p.final_step) return;
+  if (found.load()) *p.found_inf = 1.0f;
+  finish_norm(chunks, partials, p.bufs.size(), p.norm_kind, p.norm_out, nullptr);
+}
+
+void norm(const NormParams& p) {
+  const auto chunks = list_chunks(p.tensors);
+  std::vector<NormAcc> partials(chunks.size());
+  for_each_chunk(p.tensors, chunks, [&](int64_t c, const ChunkRef& ref) {
+    const Span& s = p.tensors[ref.tensor];
+    const int64_t n = std::min(kChunkElems, s.numel - ref.first_elem);
+    dispatch_dtype(s.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const T* x = static_cast<const T*>(s.data) + ref.first_elem;
+      LaneAcc acc;
+      for (int64_t i = 0; i < n; ++i) acc.lane[i % kLanes] = norm_acc_add(acc.lane[i % kLanes], Elem<T>::load(x[i]));
+      partials[c] = acc.merged();
+    });
+  });
+  finish_norm(chunks, partials, p.tensors.size(), p.norm_kind, p.total_out, p.per_tensor_out);
+}
+
+void scale(const ScaleParams& p) {
+  float factor = 1.0f;
+  if (p.mode == ScaleMode::kUnscale) factor = *p.inv_scale_ptr;
+  if (p.mode == ScaleMode::kClipNorm) {
+    factor = clip_coefficient(*p.norm_ptr, p.max_norm, p.eps);
+    if (factor >= 1.0f) return;  // nothing to clip: leave memory untouched
+  }
+  const auto chunks = list_chunks(p.tensors);
+  std::atomic<bool> found{false};
+  for_each_chunk(p.tensors, chunks, [&](int64_t, const ChunkRef& ref) {
+    const Span& s = p.tensors[ref.tensor];
+    const int64_t n = std::min(kChunkElems, s.numel - ref.first_elem);
+    dispatch_dtype(s.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      T* x = static_cast<T*>(s.data) + ref.first_elem;
+      if (p.mode == ScaleMode::kClipValue) {
+        for (int64_t i = 0; i < n; ++i) x[i] = Elem<T>::store(clip_value(Elem<T>::load(x[i]), p.clip_value));
+        return;
+      }
+      bool bad = false;
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = Elem<T>::load(x[i]);
+        bad |= !is_finite(v);
+        x[i] = Elem<T>::store(mul_rn(v, factor));
+      }
+      if (bad) found.store(true, std::memory_order_relaxed);
+    });
+  });
+  if (p.mode == ScaleMode::kUnscale && found.load()) *p.found_inf = 1.0f;
+}
+
+}  // namespace gradacc::cpu

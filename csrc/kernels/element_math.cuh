@@ -1,0 +1,193 @@
+// Element math shared by the CPU kernels (g++) and the CUDA kernels (nvcc).
+//
+// Torch-free on purpose: the same functions run on host and device, so the
+// CPU tests exercise exactly the arithmetic the GPU performs. Every float
+// operation goes through mul_rn/add_rn so neither compiler may contract a
+// multiply-add into an FMA; that keeps CPU and GPU results bit-identical.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define GRADACC_HD __host__ __device__ __forceinline__
+#else
+#define GRADACC_HD inline
+#endif
+
+namespace gradacc {
+
+// Element types the kernels understand. The 16-bit types are plain bit
+// containers so that device code needs neither torch nor cuda_fp16.h.
+enum class DType : int8_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+struct Half { uint16_t bits; };
+struct BFloat16 { uint16_t bits; };
+
+enum class NormKind : int8_t { kL2 = 0, kInf = 1 };
+
+GRADACC_HD uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+
+GRADACC_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+// Round-to-nearest-even multiply, add and divide that no compiler may fuse.
+// nvcc contracts a*b+c into an FMA unless told not to: the _rn intrinsics
+// forbid it. The host side is built with -ffp-contract=off (setup.py).
+GRADACC_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+GRADACC_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+GRADACC_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;  // an add alone cannot be contracted
+#endif
+}
+
+GRADACC_HD bool is_finite(float x) {
+  // Exponent all ones means Inf or NaN; one integer test, no libm call.
+  return (float_bits(x) & 0x7F800000u) != 0x7F800000u;
+}
+
+GRADACC_HD bool is_nan(float x) { return (float_bits(x) & 0x7FFFFFFFu) > 0x7F800000u; }
+
+// max that propagates NaN (fmaxf drops it, which would hide a NaN from the
+// inf-norm and from the found-inf logic built on it).
+GRADACC_HD float max_nan(float a, float b) { return (a > b || is_nan(a)) ? a : b; }
+
+GRADACC_HD float abs_f(float x) { return bits_float(float_bits(x) & 0x7FFFFFFFu); }
+
+// ---- 16-bit conversions, IEEE round-to-nearest-even, branch-free --------
+
+GRADACC_HD float bf16_to_float(BFloat16 h) { return bits_float(uint32_t(h.bits) << 16); }
+
+GRADACC_HD BFloat16 float_to_bf16(float f) {
+  const uint32_t u = float_bits(f);
+  if (is_nan(f)) return BFloat16{uint16_t((u >> 16) | 0x0040u)};  // keep it a quiet NaN
+  const uint32_t rounding_bias = 0x7FFFu + ((u >> 16) & 1u);
+  return BFloat16{uint16_t((u + rounding_bias) >> 16)};
+}
+
+// Half -> float: rebias the exponent with one multiply for normals, and
+// build subnormals with a magic-number subtraction; both are exact.
+GRADACC_HD float half_to_float(Half h) {
+  const uint32_t w = uint32_t(h.bits) << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
+  const float normalized = mul_rn(bits_float((two_w >> 4) + (0xE0u << 23)), bits_float(0x7800000u));  // 2^-112
+  const float denormalized = add_rn(bits_float((two_w >> 17) | (126u << 23)), -0.5f);
+  const uint32_t result = sign | (two_w < (1u << 27) ? float_bits(denormalized) : float_bits(normalized));
+  return bits_float(result);
+}
+
+// Float -> half: scaling by 2^112 then 2^-110 performs the rounding in fp32
+// hardware at the right bit position; overflow saturates to Inf by itself.
+GRADACC_HD Half float_to_half(float f) {
+  const float scale_to_inf = bits_float(0x77800000u);   // 2^112
+  const float scale_to_zero = bits_float(0x08800000u);  // 2^-110
+  float base = mul_rn(mul_rn(abs_f(f), scale_to_inf), scale_to_zero);
+  const uint32_t w = float_bits(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  if (bias < 0x71000000u) bias = 0x71000000u;
+  base = add_rn(bits_float((bias >> 1) + 0x07800000u), base);
+  const uint32_t bits = float_bits(base);
+  const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
+  const uint32_t mantissa_bits = bits & 0x00000FFFu;
+  const uint32_t nonsign = exp_bits + mantissa_bits;
+  return Half{uint16_t((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign))};
+}
+
+template <typename T> struct Elem;
+template <> struct Elem<float> {
+  GRADACC_HD static float load(float x) { return x; }
+  GRADACC_HD static float store(float x) { return x; }
+};
+template <> struct Elem<Half> {
+  GRADACC_HD static float load(Half x) { return half_to_float(x); }
+  GRADACC_HD static Half store(float x) { return float_to_half(x); }
+};
+template <> struct Elem<BFloat16> {
+  GRADACC_HD static float load(BFloat16 x) { return bf16_to_float(x); }
+  GRADACC_HD static BFloat16 store(float x) { return float_to_bf16(x); }
+};
+
+// ---- The per-element operations of every op -----------------------------
+
+// bufs[i] = (assign ? 0 : bufs[i]) + alpha * grads[i]
+GRADACC_HD float accumulate_value(float buf, float grad, float alpha, bool assign) {
+  const float scaled = mul_rn(alpha, grad);
+  return assign ? scaled : add_rn(buf, scaled);
+}
+
+// Final micro-step: the accumulated value, then the inverse loss scale.
+GRADACC_HD float accumulate_final_value(float buf, float grad, float alpha, bool assign, float inv_scale) {
+  return mul_rn(accumulate_value(buf, grad, alpha, assign), inv_scale);
+}
+
+// min(1, max_norm / (norm + eps)); a NaN norm gives NaN, as torch's clamp does.
+GRADACC_HD float clip_coefficient(float norm, float max_norm, float eps) {
+  const float coef = div_rn(max_norm, add_rn(norm, eps));
+  return (coef < 1.0f || is_nan(coef)) ? coef : 1.0f;
+}
+
+// clamp to [-v, v]; NaN stays NaN.
+GRADACC_HD float clip_value(float x, float v) { return x > v ? v : (x < -v ? -v : x); }
+
+// Running statistics for the global norm: sum of squares and max |x|.
+struct NormAcc {
+  float sumsq;
+  float maxabs;
+};
+
+GRADACC_HD NormAcc norm_acc_init() { return NormAcc{0.0f, 0.0f}; }
+
+GRADACC_HD NormAcc norm_acc_add(NormAcc a, float x) {
+  return NormAcc{add_rn(a.sumsq, mul_rn(x, x)), max_nan(a.maxabs, abs_f(x))};
+}
+
+GRADACC_HD NormAcc norm_acc_merge(NormAcc a, NormAcc b) {
+  return NormAcc{add_rn(a.sumsq, b.sumsq), max_nan(a.maxabs, b.maxabs)};
+}
+
+GRADACC_HD float norm_acc_result(NormAcc a, NormKind kind) {
+  if (kind == NormKind::kInf) return a.maxabs;
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a.sumsq);
+#else
+  return std::sqrt(a.sumsq);
+#endif
+}
+
+}  // namespace gradacc

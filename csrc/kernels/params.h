@@ -1,0 +1,64 @@
+// Parameter structs of raw pointers, one per op family (flash-attention style).
+//
+// The binding layer (csrc/binding.cpp) does every tensor check and fills these;
+// the CPU kernels and the CUDA launchers trust them completely. Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "element_math.cuh"
+
+namespace gradacc {
+
+// One tensor as the kernels see it: contiguous storage of `numel` elements.
+struct Span {
+  void* data;
+  int64_t numel;
+  DType dtype;
+};
+
+// bufs[i] = (assign ? 0 : bufs[i]) + alpha * (*alpha_ptr) * grads[i]
+// With `final_step`, additionally: multiply by *inv_scale_ptr, raise
+// *found_inf to 1 on a non-finite result and write the norm of the results.
+struct AccumulateParams {
+  std::vector<Span> bufs;
+  std::vector<Span> grads;  // same length and numel as bufs
+  float alpha = 1.0f;
+  const float* alpha_ptr = nullptr;  // optional device/host scalar, multiplies alpha
+  bool assign = false;
+
+  bool final_step = false;
+  const float* inv_scale_ptr = nullptr;  // optional
+  float* found_inf = nullptr;            // required when final_step
+  float* norm_out = nullptr;             // required when final_step
+  NormKind norm_kind = NormKind::kL2;
+};
+
+// Global norm of a tensor list, and optionally each tensor's own norm.
+struct NormParams {
+  std::vector<Span> tensors;
+  NormKind norm_kind = NormKind::kL2;
+  float* total_out = nullptr;       // one float
+  float* per_tensor_out = nullptr;  // tensors.size() floats, or null
+};
+
+// In-place element-wise rescaling of a list; the mode picks the element op.
+enum class ScaleMode : int8_t {
+  kUnscale = 0,    // x *= *inv_scale_ptr; raise *found_inf on non-finite
+  kClipNorm = 1,   // x *= clip_coefficient(*norm_ptr, max_norm, eps), skipped when >= 1
+  kClipValue = 2,  // x = clamp(x, -clip_value, clip_value)
+};
+
+struct ScaleParams {
+  std::vector<Span> tensors;
+  ScaleMode mode = ScaleMode::kUnscale;
+  const float* inv_scale_ptr = nullptr;
+  float* found_inf = nullptr;
+  const float* norm_ptr = nullptr;
+  float max_norm = 0.0f;
+  float eps = 0.0f;
+  float clip_value = 0.0f;
+};
+
+}  // namespace gradacc

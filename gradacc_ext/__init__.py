@@ -1,0 +1,42 @@
+"""gradacc_ext: fused gradient-accumulation kernels and a drop-in accumulator.
+
+Ops (gradacc_ext.ops, also re-exported here) run on the fused CUDA kernels for
+CUDA tensors, the C++ CPU kernels for CPU tensors, and the pure-PyTorch
+reference when the extension is not built (or with backend="torch").
+"""
+
+from __future__ import annotations
+
+from ._loader import build_info, extension_has_cuda, extension_loaded
+from .ops import (
+    accumulate_,
+    accumulate_final_,
+    clip_by_norm_,
+    clip_by_value_,
+    clip_grad_norm_,
+    global_norm,
+    resolve_backend,
+    unscale_,
+)
+
+__version__ = "0.1.0"
+
+if extension_loaded():
+    from . import _fake
+
+    _fake.register()
+
+__all__ = [
+    "__version__",
+    "accumulate_",
+    "accumulate_final_",
+    "build_info",
+    "clip_by_norm_",
+    "clip_by_value_",
+    "clip_grad_norm_",
+    "extension_has_cuda",
+    "extension_loaded",
+    "global_norm",
+    "resolve_backend",
+    "unscale_",
+]

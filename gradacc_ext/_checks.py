@@ -1,0 +1,92 @@
+"""Argument checks for the pure-PyTorch backend.
+
+They mirror csrc/binding.cpp rule for rule (same exception types, messages
+that name the argument), so both backends reject bad input identically and
+write nothing when they do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def list_device(tensors: Sequence[torch.Tensor], fallback: torch.Tensor | None = None) -> torch.device:
+    for t in tensors:
+        if t is not None:
+            return t.device
+    return fallback.device if fallback is not None else torch.device("cpu")
+
+
+def check_list(op: str, arg: str, tensors: Sequence[torch.Tensor], device: torch.device) -> None:
+    for i, t in enumerate(tensors):
+        if t is None:
+            raise ValueError(f"{op}: {arg}[{i}] is undefined (None)")
+        if t.layout != torch.strided:
+            raise ValueError(f"{op}: {arg}[{i}] has layout {t.layout}; expected a dense (strided) tensor")
+        if t.device != device:
+            raise ValueError(
+                f"{op}: {arg}[{i}] is on {t.device} but the list is on {device}; all tensors must be on one device"
+            )
+        if t.dtype not in SUPPORTED:
+            raise TypeError(f"{op}: {arg}[{i}] has dtype {t.dtype}; expected float32, float16 or bfloat16")
+        if not t.is_contiguous():
+            raise ValueError(
+                f"{op}: {arg}[{i}] is not contiguous (sizes {list(t.shape)}, strides {list(t.stride())}); "
+                "expected a contiguous tensor"
+            )
+
+
+def check_scalar(op: str, arg: str, t: torch.Tensor | None, device: torch.device) -> None:
+    if t is None:
+        raise ValueError(f"{op}: {arg} is undefined (None)")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{op}: {arg} has dtype {t.dtype}; expected a one-element float32 tensor")
+    if t.layout != torch.strided or t.numel() != 1:
+        raise ValueError(f"{op}: {arg} has {t.numel()} elements; expected a one-element float32 tensor")
+    if t.device != device:
+        raise ValueError(f"{op}: {arg} is on {t.device} but the tensors are on {device}; expected it on the same device")
+
+
+def check_norm_type(op: str, norm_type: float) -> None:
+    if not (norm_type == 2.0 or norm_type == math.inf):
+        raise ValueError(f"{op}: norm_type must be 2.0 or inf, got {norm_type}")
+
+
+def check_accumulate(
+    op: str,
+    bufs: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor],
+    alpha: float,
+    alpha_tensor: torch.Tensor | None,
+) -> torch.device:
+    if len(bufs) != len(grads):
+        raise ValueError(f"{op}: bufs and grads must have the same length, got {len(bufs)} and {len(grads)}")
+    device = list_device(bufs, alpha_tensor)
+    check_list(op, "bufs", bufs, device)
+    check_list(op, "grads", grads, device)
+    for i, (b, g) in enumerate(zip(bufs, grads)):
+        if b.shape != g.shape:
+            raise ValueError(
+                f"{op}: grads[{i}] has shape {list(g.shape)} but bufs[{i}] has shape {list(b.shape)}; "
+                "expected equal shapes"
+            )
+        if b.dtype != torch.float32 and b.dtype != g.dtype:
+            raise TypeError(
+                f"{op}: bufs[{i}] has dtype {b.dtype} but grads[{i}] has dtype {g.dtype}; "
+                "a buffer must be float32 or its grad's dtype"
+            )
+    if not math.isfinite(alpha):
+        raise ValueError(f"{op}: alpha must be finite, got {alpha}")
+    if alpha_tensor is not None:
+        check_scalar(op, "alpha_tensor", alpha_tensor, device)
+    return device
+
+
+def check_positive(op: str, arg: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{op}: {arg} must be finite and > 0, got {value}")

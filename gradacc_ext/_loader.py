@@ -1,0 +1,93 @@
+"""Loads the compiled extension gradacc_ext._C, or explains why it is absent.
+
+The build records what it was built with in _build_config.py (written by
+setup.py), so a torch version mismatch is reported in words before the
+binary is loaded, instead of surfacing as an undefined-symbol trace.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from types import ModuleType
+from typing import Any
+
+import torch
+
+REQUIRE_ENV = "GRADACC_REQUIRE_EXT"
+DISABLE_ENV = "GRADACC_NO_EXT"
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _recorded_config() -> dict[str, Any] | None:
+    try:
+        from ._build_config import BUILD_CONFIG
+    except ImportError:
+        return None
+    return dict(BUILD_CONFIG)
+
+
+def running_torch_version() -> str:
+    return torch.__version__.split("+")[0]
+
+
+def _load() -> tuple[ModuleType | None, dict[str, Any] | None, str]:
+    """Returns (module or None, recorded build config, reason for the state)."""
+    config = _recorded_config()
+    if _flag(DISABLE_ENV):
+        return None, config, f"{DISABLE_ENV}=1 is set: using the pure-PyTorch reference"
+    if config is None:
+        return None, None, "gradacc_ext was not built (no _build_config.py): using the pure-PyTorch reference"
+    if not config.get("extension"):
+        return None, config, "gradacc_ext was installed without its extension (GRADACC_NO_EXT=1 at build time)"
+    built, running = config.get("torch_version"), running_torch_version()
+    if built != running:
+        return (
+            None,
+            config,
+            f"gradacc_ext._C was built against torch {built} but torch {running} is running; "
+            "rebuild it with `pip install --no-build-isolation -e .` (or reinstall a matching wheel)",
+        )
+    try:
+        module = importlib.import_module("gradacc_ext._C")
+    except (ImportError, OSError) as exc:
+        return None, config, f"gradacc_ext._C failed to load ({exc}); rebuild with `pip install --no-build-isolation -e .`"
+    return module, config, "compiled extension loaded"
+
+
+_C, BUILD_CONFIG, LOAD_REASON = _load()
+
+if _C is None and BUILD_CONFIG is not None and BUILD_CONFIG.get("extension") and not _flag(DISABLE_ENV):
+    if _flag(REQUIRE_ENV):
+        raise ImportError(LOAD_REASON)
+    warnings.warn(LOAD_REASON + " (falling back to the pure-PyTorch reference)", RuntimeWarning, stacklevel=2)
+elif _C is None and _flag(REQUIRE_ENV):
+    raise ImportError(f"{REQUIRE_ENV}=1 but {LOAD_REASON}")
+
+
+def extension_loaded() -> bool:
+    return _C is not None
+
+
+def extension_has_cuda() -> bool:
+    return _C is not None and bool(_C.compiled_info()["with_cuda"])
+
+
+def build_info() -> dict[str, Any]:
+    """What the extension was built with, next to what is running now."""
+    compiled = _C.compiled_info() if _C is not None else None
+    return {
+        "extension_loaded": _C is not None,
+        "reason": LOAD_REASON,
+        "built_torch_version": (BUILD_CONFIG or {}).get("torch_version"),
+        "built_cuda_version": (BUILD_CONFIG or {}).get("cuda_version"),
+        "arch_list": (BUILD_CONFIG or {}).get("arch_list"),
+        "with_cuda": bool(compiled and compiled["with_cuda"]),
+        "running_torch_version": torch.__version__,
+        "running_cuda_version": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+    }

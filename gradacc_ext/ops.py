@@ -1,0 +1,258 @@
+"""The Python-facing ops: each picks a backend and calls it.
+
+Backends, chosen per call from the tensors' device and `backend=`:
+
+* ``"auto"`` (default): the compiled kernels when the extension is loaded and
+  was built for the tensors' device (CUDA kernels for CUDA tensors, the C++
+  CPU kernels for CPU tensors); otherwise the pure-PyTorch reference.
+* ``"ext"``: the compiled kernels, or a RuntimeError saying why they are absent.
+* ``"torch"``: the pure-PyTorch reference (gradacc_ext.reference).
+
+All ops keep scales, norms and flags on the device: none synchronises the
+host, so all are CUDA-graph capturable on the compiled path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Literal
+
+import torch
+
+from . import _checks, reference
+from ._loader import LOAD_REASON, extension_has_cuda, extension_loaded
+
+Backend = Literal["auto", "ext", "torch"]
+BACKENDS = ("auto", "ext", "torch")
+DEFAULT_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s eps
+
+
+def resolve_backend(device: torch.device | str, backend: str = "auto") -> tuple[str, str]:
+    """Returns ("ext" | "torch", reason) for tensors on `device`."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    device = torch.device(device)
+    if backend == "torch":
+        return "torch", "backend='torch' was requested"
+    if not extension_loaded():
+        available, reason = False, LOAD_REASON
+    elif device.type == "cpu":
+        available, reason = True, "C++ CPU kernels"
+    elif device.type == "cuda":
+        available = extension_has_cuda()
+        reason = "fused CUDA kernels" if available else "the extension was built without CUDA kernels"
+    else:
+        available, reason = False, f"no compiled kernels for device type {device.type!r}"
+    if backend == "ext" and not available:
+        raise RuntimeError(f"backend='ext' requested for {device} tensors, but {reason}")
+    return ("ext", reason) if available else ("torch", reason + "; using the pure-PyTorch reference")
+
+
+def _run(name: str, device: torch.device, backend: str, validate: Callable[[], object], *args: object):
+    """Calls op `name` on the chosen backend.
+
+    The compiled ops check their arguments in C++ (csrc/binding.cpp), which
+    costs microseconds even for thousands of tensors; the reference path runs
+    the equivalent Python checks first. Either way nothing is written when an
+    argument is rejected.
+    """
+    chosen, _ = resolve_backend(device, backend)
+    if chosen == "ext":
+        return getattr(torch.ops.gradacc, name)(*args)
+    validate()
+    return getattr(reference, name)(*args)
+
+
+def _as_list(tensors: Iterable[torch.Tensor] | torch.Tensor, arg: str) -> list[torch.Tensor]:
+    if isinstance(tensors, torch.Tensor):
+        return [tensors]
+    try:
+        return list(tensors)
+    except TypeError:
+        raise TypeError(f"{arg} must be a tensor or a sequence of tensors, got {type(tensors).__name__}") from None
+
+
+def _split_scale(scale: float | torch.Tensor) -> tuple[float, torch.Tensor | None]:
+    if isinstance(scale, torch.Tensor):
+        return 1.0, scale
+    return float(scale), None
+
+
+def accumulate_(
+    bufs: Iterable[torch.Tensor],
+    grads: Iterable[torch.Tensor],
+    scale: float | torch.Tensor = 1.0,
+    *,
+    assign: bool = False,
+    backend: Backend = "auto",
+) -> None:
+    """bufs[i] += scale * grads[i] (or = with assign=True) over whole lists.
+
+    grads are fp32, fp16 or bf16; each buffer is fp32 or its grad's dtype.
+    `scale` is a float or a one-element float32 tensor on the lists' device.
+    """
+    op = "gradacc.accumulate_"
+    bufs, grads = _as_list(bufs, "bufs"), _as_list(grads, "grads")
+    alpha, alpha_tensor = _split_scale(scale)
+    if not bufs and not grads:
+        return
+    device = _checks.list_device(bufs or grads, alpha_tensor)
+
+    def validate() -> None:
+        _checks.check_accumulate(op, bufs, grads, alpha, alpha_tensor)
+
+    _run("accumulate_", device, backend, validate, bufs, grads, alpha, alpha_tensor, assign)
+
+
+def accumulate_final_(
+    bufs: Iterable[torch.Tensor],
+    grads: Iterable[torch.Tensor],
+    found_inf: torch.Tensor,
+    norm_out: torch.Tensor,
+    scale: float | torch.Tensor = 1.0,
+    *,
+    inv_scale: torch.Tensor | None = None,
+    assign: bool = False,
+    norm_type: float = 2.0,
+    backend: Backend = "auto",
+) -> None:
+    """The final micro-step in one pass over memory.
+
+    bufs[i] = ((assign ? 0 : bufs[i]) + scale * grads[i]) * inv_scale; then
+    found_inf (one-element float32) is set to 1 if any result is non-finite
+    (never cleared), and norm_out receives the results' global norm.
+    """
+    op = "gradacc.accumulate_final_"
+    bufs, grads = _as_list(bufs, "bufs"), _as_list(grads, "grads")
+    alpha, alpha_tensor = _split_scale(scale)
+    device = _checks.list_device(bufs or grads, norm_out)
+
+    def validate() -> None:
+        _checks.check_accumulate(op, bufs, grads, alpha, alpha_tensor)
+        _checks.check_scalar(op, "found_inf", found_inf, device)
+        _checks.check_scalar(op, "norm_out", norm_out, device)
+        if inv_scale is not None:
+            _checks.check_scalar(op, "inv_scale", inv_scale, device)
+        _checks.check_norm_type(op, float(norm_type))
+
+    if not bufs and not grads:
+        validate()
+        norm_out.zero_()  # the norm of nothing
+        return
+    args = (bufs, grads, alpha, alpha_tensor, assign, inv_scale, found_inf, norm_out, float(norm_type))
+    _run("accumulate_final_", device, backend, validate, *args)
+
+
+def global_norm(
+    tensors: Iterable[torch.Tensor],
+    norm_type: float = 2.0,
+    *,
+    per_tensor: bool = False,
+    backend: Backend = "auto",
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Global L2 or inf norm of a list as a 0-d float32 device tensor.
+
+    Deterministic (bitwise-equal over runs), accumulated in fp32. With
+    per_tensor=True returns (total, per_tensor_norms).
+    """
+    op = "gradacc.global_norm"
+    tensors = _as_list(tensors, "tensors")
+    device = _checks.list_device(tensors)
+
+    def validate() -> None:
+        _checks.check_list(op, "tensors", tensors, device)
+        _checks.check_norm_type(op, float(norm_type))
+
+    if not tensors:
+        validate()
+        total, each = torch.zeros((), dtype=torch.float32), torch.zeros(0, dtype=torch.float32)
+    else:
+        total, each = _run("global_norm", device, backend, validate, tensors, float(norm_type), per_tensor)
+    return (total, each) if per_tensor else total
+
+
+def unscale_(
+    tensors: Iterable[torch.Tensor],
+    inv_scale: torch.Tensor,
+    found_inf: torch.Tensor,
+    *,
+    backend: Backend = "auto",
+) -> None:
+    """tensors *= inv_scale; found_inf = 1 if any input is non-finite (fp32, fp16, bf16)."""
+    op = "gradacc.unscale_"
+    tensors = _as_list(tensors, "tensors")
+    device = _checks.list_device(tensors, found_inf)
+
+    def validate() -> None:
+        _checks.check_list(op, "tensors", tensors, device)
+        _checks.check_scalar(op, "inv_scale", inv_scale, device)
+        _checks.check_scalar(op, "found_inf", found_inf, device)
+
+    if not tensors:
+        validate()
+        return
+    _run("unscale_", device, backend, validate, tensors, inv_scale, found_inf)
+
+
+def clip_by_norm_(
+    tensors: Iterable[torch.Tensor],
+    total_norm: torch.Tensor,
+    max_norm: float,
+    eps: float = DEFAULT_EPS,
+    *,
+    backend: Backend = "auto",
+) -> None:
+    """tensors *= min(1, max_norm / (total_norm + eps)), the coefficient computed on the device."""
+    op = "gradacc.clip_by_norm_"
+    tensors = _as_list(tensors, "tensors")
+    device = _checks.list_device(tensors, total_norm)
+
+    def validate() -> None:
+        _checks.check_list(op, "tensors", tensors, device)
+        _checks.check_scalar(op, "total_norm", total_norm, device)
+        _checks.check_positive(op, "max_norm", float(max_norm))
+        if not (math.isfinite(eps) and eps >= 0):
+            raise ValueError(f"{op}: eps must be finite and >= 0, got {eps}")
+
+    if not tensors:
+        validate()
+        return
+    _run("clip_by_norm_", device, backend, validate, tensors, total_norm, float(max_norm), float(eps))
+
+
+def clip_grad_norm_(
+    tensors: Iterable[torch.Tensor],
+    max_norm: float,
+    norm_type: float = 2.0,
+    eps: float = DEFAULT_EPS,
+    *,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """Global norm, then clip by it; returns the (pre-clip) norm. No host sync."""
+    tensors = _as_list(tensors, "tensors")
+    _checks.check_positive("gradacc.clip_grad_norm_", "max_norm", float(max_norm))
+    total = global_norm(tensors, norm_type, backend=backend)
+    clip_by_norm_(tensors, total, max_norm, eps, backend=backend)
+    return total
+
+
+def clip_by_value_(
+    tensors: Iterable[torch.Tensor],
+    clip_value: float,
+    *,
+    backend: Backend = "auto",
+) -> None:
+    """tensors = clamp(tensors, -clip_value, clip_value); NaN stays NaN."""
+    op = "gradacc.clip_by_value_"
+    tensors = _as_list(tensors, "tensors")
+    device = _checks.list_device(tensors)
+
+    def validate() -> None:
+        _checks.check_list(op, "tensors", tensors, device)
+        _checks.check_positive(op, "clip_value", float(clip_value))
+
+    if not tensors:
+        validate()
+        return
+    _run("clip_by_value_", device, backend, validate, tensors, float(clip_value))

@@ -1,0 +1,128 @@
+"""Pure-PyTorch reference for every gradacc op.
+
+Each function has the same signature and in-place semantics as the op of
+the same name in csrc/ops.cpp. It is two things at once:
+
+* the fallback backend when the extension is not built (or backend="torch"),
+  computing in float32 like the kernels, with no host synchronisation;
+* the oracle of the tests: called on float64 copies it computes in float64.
+
+It performs no argument checks: gradacc_ext.ops validates before calling it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+
+def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _alpha(alpha: float, alpha_tensor: torch.Tensor | None, dtype: torch.dtype) -> float | torch.Tensor:
+    if alpha_tensor is None:
+        return alpha
+    return alpha_tensor.reshape(()).to(dtype) * alpha
+
+
+def _accumulated(
+    buf: torch.Tensor, grad: torch.Tensor, alpha: float | torch.Tensor, assign: bool, dtype: torch.dtype
+) -> torch.Tensor:
+    scaled = grad.to(dtype) * alpha
+    return scaled if assign else buf.to(dtype) + scaled
+
+
+def accumulate_(
+    bufs: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor],
+    alpha: float,
+    alpha_tensor: torch.Tensor | None,
+    assign: bool,
+) -> None:
+    for buf, grad in zip(bufs, grads):
+        dtype = _compute_dtype(buf, grad)
+        buf.copy_(_accumulated(buf, grad, _alpha(alpha, alpha_tensor, dtype), assign, dtype))
+
+
+def _norm_of(values: Sequence[torch.Tensor], norm_type: float, dtype: torch.dtype, device: torch.device):
+    if not values:
+        return torch.zeros((), dtype=dtype, device=device)
+    flat = torch.cat([v.reshape(-1).to(dtype) for v in values])
+    if flat.numel() == 0:
+        return torch.zeros((), dtype=dtype, device=device)
+    if norm_type == math.inf:
+        # amax drops no NaN: a NaN anywhere makes the norm NaN, like the kernels.
+        return flat.abs().amax()
+    return flat.square().sum().sqrt()
+
+
+def accumulate_final_(
+    bufs: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor],
+    alpha: float,
+    alpha_tensor: torch.Tensor | None,
+    assign: bool,
+    inv_scale: torch.Tensor | None,
+    found_inf: torch.Tensor,
+    norm_out: torch.Tensor,
+    norm_type: float,
+) -> None:
+    stored = []
+    for buf, grad in zip(bufs, grads):
+        dtype = _compute_dtype(buf, grad)
+        value = _accumulated(buf, grad, _alpha(alpha, alpha_tensor, dtype), assign, dtype)
+        if inv_scale is not None:
+            value = value * inv_scale.reshape(()).to(dtype)
+        buf.copy_(value)
+        stored.append(buf)  # statistics describe what was stored, as in the kernels
+    dtype = _compute_dtype(norm_out, *stored)
+    nonfinite = [(~torch.isfinite(b)).any() for b in stored]
+    if nonfinite:
+        flag = torch.stack(nonfinite).any()
+        found_inf.copy_(torch.where(flag, torch.ones_like(found_inf), found_inf))
+    norm_out.copy_(_norm_of(stored, norm_type, dtype, norm_out.device).reshape(norm_out.shape))
+
+
+def global_norm(
+    tensors: Sequence[torch.Tensor], norm_type: float, per_tensor: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    device = tensors[0].device if tensors else torch.device("cpu")
+    dtype = _compute_dtype(*tensors)
+    total = _norm_of(list(tensors), norm_type, dtype, device)
+    if per_tensor:
+        each = [_norm_of([t], norm_type, dtype, device) for t in tensors]
+        per = torch.stack(each) if each else torch.empty(0, dtype=dtype, device=device)
+    else:
+        per = torch.empty(0, dtype=dtype, device=device)
+    return total, per
+
+
+def unscale_(tensors: Sequence[torch.Tensor], inv_scale: torch.Tensor, found_inf: torch.Tensor) -> None:
+    if not tensors:
+        return
+    nonfinite = torch.stack([(~torch.isfinite(t)).any() for t in tensors]).any()
+    for t in tensors:
+        t.copy_(t.to(_compute_dtype(t)) * inv_scale.reshape(()).to(_compute_dtype(t)))
+    found_inf.copy_(torch.where(nonfinite, torch.ones_like(found_inf), found_inf))
+
+
+def clip_coefficient(total_norm: torch.Tensor, max_norm: float, eps: float) -> torch.Tensor:
+    """min(1, max_norm / (norm + eps)); NaN stays NaN, as in torch's clip_grad_norm_."""
+    return torch.clamp(max_norm / (total_norm.reshape(()) + eps), max=1.0)
+
+
+def clip_by_norm_(tensors: Sequence[torch.Tensor], total_norm: torch.Tensor, max_norm: float, eps: float) -> None:
+    coef = clip_coefficient(total_norm, max_norm, eps)
+    for t in tensors:
+        dtype = _compute_dtype(t)
+        # A coefficient of exactly 1 leaves every value unchanged, so no
+        # host-side branch (and no sync) is needed to skip the no-clip case.
+        t.copy_(t.to(dtype) * coef.to(dtype))
+
+
+def clip_by_value_(tensors: Sequence[torch.Tensor], clip_value: float) -> None:
+    for t in tensors:
+        t.clamp_(-clip_value, clip_value)
