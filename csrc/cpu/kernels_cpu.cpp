@@ -14,21 +14,27 @@
 namespace gradacc::cpu {
 namespace {
 
-// Norm statistics over a run of already-final float values, in kLanes
-// independent accumulators so the loop vectorises; lanes merge in a fixed order.
-constexpr int kLanes = 8;
+// Norm statistics of n values, in kLanes independent accumulators so the
+// loop vectorises; the lanes merge in a fixed order (deterministic).
+constexpr int kLanes = 16;
 
-struct LaneAcc {
-  NormAcc lane[kLanes];
-  LaneAcc() {
-    for (auto& l : lane) l = norm_acc_init();
+template <typename T>
+NormAcc reduce_norm(const T* x, int64_t n) {
+  float sumsq[kLanes] = {};
+  float maxabs[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const NormAcc a = norm_acc_add(NormAcc{sumsq[l], maxabs[l]}, Elem<T>::load(x[i + l]));
+      sumsq[l] = a.sumsq;
+      maxabs[l] = a.maxabs;
+    }
   }
-  NormAcc merged() const {
-    NormAcc a = norm_acc_init();
-    for (const auto& l : lane) a = norm_acc_merge(a, l);
-    return a;
-  }
-};
+  NormAcc total = norm_acc_init();
+  for (; i < n; ++i) total = norm_acc_add(total, Elem<T>::load(x[i]));
+  for (int l = 0; l < kLanes; ++l) total = norm_acc_merge(total, NormAcc{sumsq[l], maxabs[l]});
+  return total;
+}
 
 // Runs `chunk_fn(chunk_index, chunk_ref)` over every chunk of `spans` in parallel.
 template <typename SpanVec, typename F>
@@ -42,29 +48,23 @@ float effective_alpha(const AccumulateParams& p) {
   return p.alpha_ptr ? mul_rn(p.alpha, *p.alpha_ptr) : p.alpha;
 }
 
-template <typename B, typename G, bool kFinal>
-void accumulate_chunk(B* buf, const G* grad, int64_t n, float alpha, bool assign, float inv_scale,
-                      NormAcc* partial, bool* nonfinite) {
-  if constexpr (!kFinal) {
-    for (int64_t i = 0; i < n; ++i) {
-      buf[i] = Elem<B>::store(accumulate_value(Elem<B>::load(buf[i]), Elem<G>::load(grad[i]), alpha, assign));
-    }
-  } else {
-    LaneAcc acc;
-    bool bad = false;
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = accumulate_final_value(Elem<B>::load(buf[i]), Elem<G>::load(grad[i]), alpha, assign, inv_scale);
-      const B stored = Elem<B>::store(v);
-      buf[i] = stored;
-      // Statistics describe what was stored (a low-precision buffer may round
-      // a finite fp32 value to Inf): that is what the optimizer will read.
-      const float s = Elem<B>::load(stored);
-      bad |= !is_finite(s);
-      acc.lane[i % kLanes] = norm_acc_add(acc.lane[i % kLanes], s);
-    }
-    *partial = acc.merged();
-    *nonfinite = bad;
+template <typename B, typename G>
+void accumulate_chunk(B* buf, const G* grad, int64_t n, float alpha, bool assign) {
+  for (int64_t i = 0; i < n; ++i) {
+    buf[i] = Elem<B>::store(accumulate_value(Elem<B>::load(buf[i]), Elem<G>::load(grad[i]), alpha, assign));
   }
+}
+
+// The final micro-step: store, then take the statistics of what was stored
+// (a low-precision buffer may round a finite fp32 value to Inf, and that is
+// what the optimizer reads). The second pass hits cache: a chunk is small.
+template <typename B, typename G>
+NormAcc accumulate_final_chunk(B* buf, const G* grad, int64_t n, float alpha, bool assign, float inv_scale) {
+  for (int64_t i = 0; i < n; ++i) {
+    buf[i] = Elem<B>::store(
+        accumulate_final_value(Elem<B>::load(buf[i]), Elem<G>::load(grad[i]), alpha, assign, inv_scale));
+  }
+  return reduce_norm(buf, n);
 }
 
 // Merges per-chunk partials into the total and, optionally, per-tensor norms.
@@ -86,7 +86,6 @@ void accumulate(const AccumulateParams& p) {
   const float alpha = effective_alpha(p);
   const float inv_scale = p.inv_scale_ptr ? *p.inv_scale_ptr : 1.0f;
   std::vector<NormAcc> partials(p.final_step ? chunks.size() : 0);
-  std::atomic<bool> found{false};
 
   for_each_chunk(p.bufs, chunks, [&](int64_t c, const ChunkRef& ref) {
     const Span& b = p.bufs[ref.tensor];
@@ -98,18 +97,19 @@ void accumulate(const AccumulateParams& p) {
       B* buf = static_cast<B*>(b.data) + ref.first_elem;
       const G* grad = static_cast<const G*>(g.data) + ref.first_elem;
       if (p.final_step) {
-        bool bad = false;
-        accumulate_chunk<B, G, true>(buf, grad, n, alpha, p.assign, inv_scale, &partials[c], &bad);
-        if (bad) found.store(true, std::memory_order_relaxed);
+        partials[c] = accumulate_final_chunk(buf, grad, n, alpha, p.assign, inv_scale);
       } else {
-        accumulate_chunk<B, G, false>(buf, grad, n, alpha, p.assign, inv_scale, nullptr, nullptr);
+        accumulate_chunk(buf, grad, n, alpha, p.assign);
       }
     });
   });
 
   if (!p.final_step) return;
-  if (found.load()) *p.found_inf = 1.0f;
-  finish_norm(chunks, partials, p.bufs.size(), p.norm_kind, p.norm_out, nullptr);
+  // max |x| is non-finite exactly when some stored value is Inf or NaN.
+  NormAcc total = norm_acc_init();
+  for (const auto& part : partials) total = norm_acc_merge(total, part);
+  if (!is_finite(total.maxabs)) *p.found_inf = 1.0f;
+  *p.norm_out = norm_acc_result(total, p.norm_kind);
 }
 
 void norm(const NormParams& p) {
@@ -120,10 +120,7 @@ void norm(const NormParams& p) {
     const int64_t n = std::min(kChunkElems, s.numel - ref.first_elem);
     dispatch_dtype(s.dtype, [&](auto tag) {
       using T = decltype(tag);
-      const T* x = static_cast<const T*>(s.data) + ref.first_elem;
-      LaneAcc acc;
-      for (int64_t i = 0; i < n; ++i) acc.lane[i % kLanes] = norm_acc_add(acc.lane[i % kLanes], Elem<T>::load(x[i]));
-      partials[c] = acc.merged();
+      partials[c] = reduce_norm(static_cast<const T*>(s.data) + ref.first_elem, n);
     });
   });
   finish_norm(chunks, partials, p.tensors.size(), p.norm_kind, p.total_out, p.per_tensor_out);
@@ -148,13 +145,10 @@ void scale(const ScaleParams& p) {
         for (int64_t i = 0; i < n; ++i) x[i] = Elem<T>::store(clip_value(Elem<T>::load(x[i]), p.clip_value));
         return;
       }
-      bool bad = false;
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = Elem<T>::load(x[i]);
-        bad |= !is_finite(v);
-        x[i] = Elem<T>::store(mul_rn(v, factor));
+      if (p.mode == ScaleMode::kUnscale && !is_finite(reduce_norm(x, n).maxabs)) {
+        found.store(true, std::memory_order_relaxed);  // checked on the input, as torch's unscale does
       }
-      if (bad) found.store(true, std::memory_order_relaxed);
+      for (int64_t i = 0; i < n; ++i) x[i] = Elem<T>::store(mul_rn(Elem<T>::load(x[i]), factor));
     });
   });
   if (p.mode == ScaleMode::kUnscale && found.load()) *p.found_inf = 1.0f;
