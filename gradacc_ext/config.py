@@ -1,0 +1,185 @@
+"""GradientAccumulationConfig: every knob of the accumulator, checked on construction.
+
+The window is given either directly (`accumulation_steps`) or derived from a
+target effective batch: accumulation_steps = target_batch_size /
+(micro_batch_size * world_size), which must divide exactly (use
+gradacc_ext.planning.plan_accumulation to round a target that does not).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import torch
+
+MixedPrecision = Literal["no", "fp16", "bf16"]
+LossNormalization = Literal["mean", "sum"]
+
+MIXED_PRECISION = ("no", "fp16", "bf16")
+LOSS_NORMALIZATION = ("mean", "sum")
+BACKENDS = ("auto", "ext", "torch")
+ACCUM_DTYPES = (torch.float32, None)
+
+
+def _positive_int(name: str, value: object, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"GradientAccumulationConfig.{name} must be an integer >= 1, got {value!r}")
+
+
+def _positive_float(name: str, value: object, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"GradientAccumulationConfig.{name} must be a finite number > 0 or None, got {value!r}")
+
+
+def _choice(name: str, value: object, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"GradientAccumulationConfig.{name} must be one of {choices}, got {value!r}")
+
+
+@dataclass
+class GradientAccumulationConfig:
+    """What the accumulator does; invalid values raise ValueError naming the field.
+
+    Window
+      accumulation_steps: micro-batches per optimizer step (>= 1). Or leave it
+        None and give target_batch_size and micro_batch_size (and world_size):
+        the steps are target / (micro * world), which must be an integer.
+    Clipping (on the fully accumulated, unscaled gradient, once per window)
+      max_grad_norm: clip the global norm to this (None: no norm clipping);
+      norm_type: 2.0 or inf, for clipping and for the recorded grad norm;
+      clip_value: clamp every gradient element to [-clip_value, clip_value]
+        (applied after norm clipping when both are set).
+    Precision
+      mixed_precision: "no", "bf16" (autocast, no loss scaling) or "fp16"
+        (autocast plus dynamic loss scaling through a torch.amp.GradScaler);
+      accum_dtype: torch.float32 (default) accumulates fp16/bf16 parameters'
+        gradients in fp32 buffers; None accumulates in each parameter's dtype;
+      init_scale, growth_factor, backoff_factor, growth_interval: the loss
+        scaler the accumulator creates for fp16 when the caller gives none.
+    Loss normalisation (the window's gradient is an exact mean)
+      "mean": each micro-batch loss is a mean over its items; the window mean
+        weights micro-batches equally, or by the `num_items` passed to
+        backward() when given (then the result is the mean over all items);
+      "sum": each micro-batch loss is a SUM over its items (tokens) and
+        backward() must get `num_items`; the window gradient is divided by
+        the total item count of the window across all ranks (the
+        full-batch token mean, even with padding and variable lengths).
+    Steps
+      skip_nonfinite: skip the optimizer (and scheduler) step when the
+        accumulated gradient holds inf/NaN. Always on for fp16. Costs one host
+        sync per window unless the optimizer is fused (then none).
+    Stats
+      grad_norm_history: how many per-step grad norms to keep on the device (0: none);
+      track_memory: record CUDA peak memory per step (host counters, no sync).
+    backend: "auto" (compiled kernels when available), "ext" or "torch" (reference).
+    """
+
+    accumulation_steps: int | None = None
+    target_batch_size: int | None = None
+    micro_batch_size: int | None = None
+    world_size: int = 1
+    max_grad_norm: float | None = None
+    norm_type: float = 2.0
+    clip_value: float | None = None
+    mixed_precision: MixedPrecision = "no"
+    accum_dtype: torch.dtype | None = torch.float32
+    init_scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    loss_normalization: LossNormalization = "mean"
+    skip_nonfinite: bool = True
+    grad_norm_history: int = 1000
+    track_memory: bool = True
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        _positive_int("world_size", self.world_size)
+        _positive_int("target_batch_size", self.target_batch_size, allow_none=True)
+        _positive_int("micro_batch_size", self.micro_batch_size, allow_none=True)
+        self._derive_steps()
+        _positive_float("max_grad_norm", self.max_grad_norm)
+        _positive_float("clip_value", self.clip_value)
+        if isinstance(self.norm_type, bool) or self.norm_type not in (2, 2.0, math.inf):
+            raise ValueError(f"GradientAccumulationConfig.norm_type must be 2.0 or math.inf, got {self.norm_type!r}")
+        self.norm_type = float(self.norm_type)
+        _choice("mixed_precision", self.mixed_precision, MIXED_PRECISION)
+        if self.accum_dtype not in ACCUM_DTYPES:
+            raise ValueError(
+                f"GradientAccumulationConfig.accum_dtype must be torch.float32 or None (the parameter's dtype), "
+                f"got {self.accum_dtype!r}"
+            )
+        _positive_float("init_scale", self.init_scale, allow_none=False)
+        if not (isinstance(self.growth_factor, (int, float)) and self.growth_factor > 1):
+            raise ValueError(f"GradientAccumulationConfig.growth_factor must be > 1, got {self.growth_factor!r}")
+        if not (isinstance(self.backoff_factor, (int, float)) and 0 < self.backoff_factor < 1):
+            raise ValueError(
+                f"GradientAccumulationConfig.backoff_factor must be in (0, 1), got {self.backoff_factor!r}"
+            )
+        _positive_int("growth_interval", self.growth_interval)
+        _choice("loss_normalization", self.loss_normalization, LOSS_NORMALIZATION)
+        if not isinstance(self.skip_nonfinite, bool):
+            raise ValueError(f"GradientAccumulationConfig.skip_nonfinite must be a bool, got {self.skip_nonfinite!r}")
+        if self.mixed_precision == "fp16" and not self.skip_nonfinite:
+            raise ValueError(
+                "GradientAccumulationConfig.skip_nonfinite must be True with mixed_precision='fp16': "
+                "dynamic loss scaling skips every step whose gradient overflowed"
+            )
+        if isinstance(self.grad_norm_history, bool) or not isinstance(self.grad_norm_history, int):
+            raise ValueError(
+                f"GradientAccumulationConfig.grad_norm_history must be an integer >= 0, got {self.grad_norm_history!r}"
+            )
+        if self.grad_norm_history < 0:
+            raise ValueError(
+                f"GradientAccumulationConfig.grad_norm_history must be an integer >= 0, got {self.grad_norm_history!r}"
+            )
+        _choice("backend", self.backend, BACKENDS)
+
+    def _derive_steps(self) -> None:
+        sizes_given = self.target_batch_size is not None or self.micro_batch_size is not None
+        if self.accumulation_steps is None:
+            if self.target_batch_size is None or self.micro_batch_size is None:
+                raise ValueError(
+                    "GradientAccumulationConfig needs accumulation_steps (an integer >= 1), or both "
+                    "target_batch_size and micro_batch_size to derive it from"
+                )
+            per_step = self.micro_batch_size * self.world_size
+            if self.target_batch_size % per_step:
+                low = max(1, self.target_batch_size // per_step)
+                raise ValueError(
+                    f"GradientAccumulationConfig.target_batch_size={self.target_batch_size} is not a multiple of "
+                    f"micro_batch_size * world_size = {per_step}; the nearest achievable effective batches are "
+                    f"{low * per_step} ({low} steps) and {(low + 1) * per_step} ({low + 1} steps); "
+                    "gradacc_ext.planning.plan_accumulation chooses one for you"
+                )
+            self.accumulation_steps = self.target_batch_size // per_step
+            return
+        _positive_int("accumulation_steps", self.accumulation_steps)
+        if sizes_given and self.target_batch_size is not None and self.micro_batch_size is not None:
+            implied = self.micro_batch_size * self.world_size * self.accumulation_steps
+            if implied != self.target_batch_size:
+                raise ValueError(
+                    f"GradientAccumulationConfig: accumulation_steps={self.accumulation_steps} with "
+                    f"micro_batch_size={self.micro_batch_size} and world_size={self.world_size} gives an effective "
+                    f"batch of {implied}, not target_batch_size={self.target_batch_size}; give one or make them agree"
+                )
+
+    @property
+    def effective_batch_size(self) -> int | None:
+        """Items per optimizer step across all ranks, when the micro-batch size is known."""
+        if self.micro_batch_size is None:
+            return self.target_batch_size
+        return self.micro_batch_size * self.world_size * self.accumulation_steps
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict for logs and the stats API (the dtype as its name)."""
+        out = asdict(self)
+        out["accum_dtype"] = None if self.accum_dtype is None else str(self.accum_dtype).replace("torch.", "")
+        out["effective_batch_size"] = self.effective_batch_size
+        return out
