@@ -11,7 +11,7 @@ interval is the real time per micro-step / per step.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -49,7 +49,7 @@ class AccumulatorStats:
         self.device = device
         self.history = history
         self.track_memory = track_memory and device.type == "cuda"
-        self._callbacks: dict[int, Callable[[StepInfo], None]] = {}
+        self._callbacks: OrderedDict[int, Callable[[StepInfo], None]] = OrderedDict()  # weakref-able for RemovableHandle
         self.reset()
 
     def reset(self) -> None:
