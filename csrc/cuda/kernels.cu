@@ -1,0 +1,117 @@
+// Host side of the CUDA kernels: cut the lists into launches (chunking.h),
+// fill each launch's by-value metadata, launch. Torch-free.
+#include <array>
+#include <vector>
+
+#include "../kernels/accumulate.cuh"
+#include "../kernels/norm.cuh"
+#include "../kernels/scale.cuh"
+#include "launch.h"
+
+namespace gradacc::cuda {
+namespace {
+
+int64_t total_chunks(const std::vector<Span>& spans) {
+  int64_t n = 0;
+  for (const Span& s : spans) n += chunks_of(s.numel);
+  return n;
+}
+
+// Calls launch(meta, blocks) once per batch of plan_launches(): the lists
+// run in parallel (same numel per index); lists[0] decides the chunks.
+template <int D, typename Launch>
+cudaError_t for_each_batch(const std::array<const std::vector<Span>*, D>& lists, Launch&& launch) {
+  const std::vector<Span>& spans = *lists[0];
+  ListMeta<D> meta;  // only the slots below are read by the kernel
+  for (const LaunchBatch& b : plan_launches(spans, ListMeta<D>::kCapacity)) {
+    if (b.num_chunks > INT32_MAX) return cudaErrorInvalidValue;  // grid.x and chunk_start are 32-bit
+    meta.first_chunk = b.first_chunk;
+    int slot = 0;
+    int32_t chunk = 0;
+    for (int64_t t = b.first_tensor; t < b.end_tensor; ++t) {
+      if (spans[t].numel == 0) continue;  // an empty tensor takes no slot and no chunk
+      for (int d = 0; d < D; ++d) {
+        meta.data[d][slot] = (*lists[d])[t].data;
+        meta.dtype[d][slot] = (*lists[d])[t].dtype;
+      }
+      meta.numel[slot] = spans[t].numel;
+      meta.chunk_start[slot] = chunk;
+      if constexpr (D == 1) meta.tensor_index[slot] = int32_t(t);
+      chunk += int32_t(chunks_of(spans[t].numel));
+      ++slot;
+    }
+    meta.num_tensors = slot;
+    launch(meta, unsigned(b.num_chunks));
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+// Workspace of the norm: partials[chunks], then chunk_tensor[chunks].
+struct NormWorkspace {
+  NormAcc* partials;
+  int32_t* chunk_tensor;
+};
+
+NormWorkspace norm_workspace(void* workspace, int64_t chunks) {
+  NormAcc* partials = static_cast<NormAcc*>(workspace);
+  return NormWorkspace{partials, reinterpret_cast<int32_t*>(partials + chunks)};
+}
+
+// Pass 2 of the norm: the total, and `num_per_tensor` per-tensor norms.
+cudaError_t launch_finalize(const NormWorkspace& ws, int64_t chunks, NormKind kind, float* total_out,
+                            float* per_tensor_out, size_t num_per_tensor, cudaStream_t stream) {
+  if (num_per_tensor >= size_t(INT32_MAX)) return cudaErrorInvalidValue;
+  norm_finalize_kernel<<<unsigned(1 + num_per_tensor), kBlockThreads, 0, stream>>>(
+      ws.partials, ws.chunk_tensor, chunks, kind, total_out, per_tensor_out);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+size_t accumulate_workspace_bytes(const AccumulateParams& p) {
+  return p.final_step ? size_t(total_chunks(p.bufs)) * sizeof(NormAcc) : 0;
+}
+
+cudaError_t launch_accumulate(const AccumulateParams& p, void* workspace, cudaStream_t stream) {
+  const AccumulateArgs args{p.alpha_ptr, p.inv_scale_ptr, p.found_inf, static_cast<NormAcc*>(workspace), p.alpha};
+  const auto kernel = p.final_step ? (p.assign ? accumulate_kernel<true, true> : accumulate_kernel<true, false>)
+                                   : (p.assign ? accumulate_kernel<false, true> : accumulate_kernel<false, false>);
+  const cudaError_t err = for_each_batch<2>({&p.bufs, &p.grads}, [&](const ListMeta<2>& meta, unsigned blocks) {
+    kernel<<<blocks, kBlockThreads, 0, stream>>>(meta, args);
+  });
+  if (err != cudaSuccess || !p.final_step) return err;
+  // The final step's norm only needs the total: no chunk -> tensor map.
+  return launch_finalize(NormWorkspace{args.partials, nullptr}, total_chunks(p.bufs), p.norm_kind, p.norm_out,
+                         nullptr, 0, stream);
+}
+
+size_t norm_workspace_bytes(const NormParams& p) {
+  return size_t(total_chunks(p.tensors)) * (sizeof(NormAcc) + sizeof(int32_t));
+}
+
+cudaError_t launch_norm(const NormParams& p, void* workspace, cudaStream_t stream) {
+  const int64_t chunks = total_chunks(p.tensors);
+  const NormWorkspace ws = norm_workspace(workspace, chunks);
+  const NormArgs args{ws.partials, ws.chunk_tensor};
+  const cudaError_t err = for_each_batch<1>({&p.tensors}, [&](const ListMeta<1>& meta, unsigned blocks) {
+    norm_kernel<<<blocks, kBlockThreads, 0, stream>>>(meta, args);
+  });
+  if (err != cudaSuccess) return err;
+  return launch_finalize(ws, chunks, p.norm_kind, p.total_out, p.per_tensor_out,
+                         p.per_tensor_out ? p.tensors.size() : 0, stream);
+}
+
+cudaError_t launch_scale(const ScaleParams& p, cudaStream_t stream) {
+  const ScaleArgs args{p.inv_scale_ptr, p.found_inf, p.norm_ptr, p.max_norm, p.eps, p.clip_value};
+  return for_each_batch<1>({&p.tensors}, [&](const ListMeta<1>& meta, unsigned blocks) {
+    switch (p.mode) {
+      case ScaleMode::kUnscale: scale_kernel<ScaleMode::kUnscale><<<blocks, kBlockThreads, 0, stream>>>(meta, args); break;
+      case ScaleMode::kClipNorm: scale_kernel<ScaleMode::kClipNorm><<<blocks, kBlockThreads, 0, stream>>>(meta, args); break;
+      case ScaleMode::kClipValue: scale_kernel<ScaleMode::kClipValue><<<blocks, kBlockThreads, 0, stream>>>(meta, args); break;
+    }
+  });
+}
+
+}  // namespace gradacc::cuda

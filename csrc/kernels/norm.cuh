@@ -1,0 +1,75 @@
+// Deterministic global (and per-tensor) norm. Torch-free.
+//
+// Pass 1 (one or more multi-tensor launches): each block reduces its chunk
+// to a NormAcc partial at partials[global chunk], and records the chunk's
+// tensor in chunk_tensor. Pass 2 (norm_finalize_kernel, one launch): block 0
+// merges every partial into the total, block 1 + t merges tensor t's chunks.
+// Fixed per-thread order and fixed reduction trees, no float atomics: the
+// result is bitwise reproducible. The accumulate final step reuses pass 2.
+#pragma once
+
+#include "dispatch.cuh"
+#include "multi_tensor.cuh"
+
+namespace gradacc::cuda {
+
+struct NormArgs {
+  NormAcc* partials;      // one per global chunk
+  int32_t* chunk_tensor;  // one per global chunk: its tensor's index in the list
+};
+static_assert(sizeof(ListMeta<1>) + sizeof(NormArgs) <= kParamLimit, "norm kernel parameters");
+
+__global__ void __launch_bounds__(kBlockThreads)
+    norm_kernel(const __grid_constant__ ListMeta<1> meta, const NormArgs args) {
+  const BlockChunk c = block_chunk(meta);
+  NormAcc acc = norm_acc_init();
+  dispatch_dtype(meta.dtype[0][c.slot], [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = static_cast<const T*>(meta.data[0][c.slot]) + c.first_elem;
+    for_each_group(c.n, aligned16(x), [&](auto width, int i) {
+      constexpr int W = decltype(width)::value;
+      T v[W];
+      load_raw<W>(x + i, v);
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc = norm_acc_add(acc, Elem<T>::load(v[k]));
+    });
+  });
+  const NormAcc total = block_reduce(acc);
+  if (threadIdx.x == 0) {
+    const int64_t g = meta.first_chunk + blockIdx.x;
+    args.partials[g] = total;
+    args.chunk_tensor[g] = meta.tensor_index[c.slot];
+  }
+}
+
+// First index in sorted keys[0, n) whose key is >= value.
+__device__ __forceinline__ int64_t lower_bound(const int32_t* keys, int64_t n, int32_t value) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (keys[mid] < value) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+
+// Grid: 1 block for the total, plus one per tensor when per_tensor_out is set
+// (then chunk_tensor must be filled). With no chunks at all every output is 0.
+__global__ void __launch_bounds__(kBlockThreads)
+    norm_finalize_kernel(const NormAcc* partials, const int32_t* chunk_tensor, int64_t num_chunks, NormKind kind,
+                         float* total_out, float* per_tensor_out) {
+  int64_t begin = 0, end = num_chunks;
+  if (blockIdx.x > 0) {
+    const int32_t t = int32_t(blockIdx.x - 1);
+    begin = lower_bound(chunk_tensor, num_chunks, t);
+    end = lower_bound(chunk_tensor, num_chunks, t + 1);
+  }
+  NormAcc acc = norm_acc_init();
+  for (int64_t i = begin + threadIdx.x; i < end; i += kBlockThreads) acc = norm_acc_merge(acc, partials[i]);
+  acc = block_reduce(acc);
+  if (threadIdx.x != 0) return;
+  const float result = norm_acc_result(acc, kind);
+  if (blockIdx.x == 0) *total_out = result;
+  else per_tensor_out[blockIdx.x - 1] = result;
+}
+
+}  // namespace gradacc::cuda

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Compile check of the CUDA sources on a machine without a GPU (CI).
+#
+#   1. csrc/cuda/kernels.cu with nvcc for sm_80 and sm_90. Every nvcc and
+#      ptxas warning is an error, including register spills and local-memory
+#      use (a 32 KB by-value metadata struct must never land in local memory).
+#   2. csrc/cuda/register_cuda.cpp (host C++) against the installed torch's
+#      headers, syntax only. A CPU-only torch wheel lacks one generated
+#      header, c10/cuda/impl/cuda_cmake_macros.h; a stub with its real content
+#      is put on the include path.
+#
+# Usage: scripts/check_cuda_compile.sh   (NVCC=/path/to/nvcc to pick nvcc;
+# `python` is the active environment's, with torch installed).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ -z "${NVCC:-}" ]]; then
+  if command -v nvcc >/dev/null 2>&1; then NVCC="$(command -v nvcc)"; else NVCC=/usr/local/cuda/bin/nvcc; fi
+fi
+[[ -x "$NVCC" ]] || { echo "error: nvcc not found (set NVCC=/path/to/nvcc)" >&2; exit 1; }
+# The toolkit's headers, as nvcc itself finds them (nvcc may be a wrapper script).
+CUDA_INCLUDE="$("$NVCC" --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=\(.*\)$/\1/p' | head -n1)/include"
+[[ -f "$CUDA_INCLUDE/cuda_runtime_api.h" ]] || { echo "error: no CUDA headers in $CUDA_INCLUDE" >&2; exit 1; }
+CXX="${CXX:-g++}"
+
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+
+timed() {  # timed LABEL CMD...: runs CMD, prints LABEL and its wall time
+  local label="$1" start end
+  shift
+  start=$(date +%s%N)
+  "$@"
+  end=$(date +%s%N)
+  printf '  ok  %-60s %6d ms\n' "$label" "$(((end - start) / 1000000))"
+}
+
+echo "nvcc: $NVCC ($("$NVCC" --version | grep -o 'release [0-9.]*'))"
+timed "csrc/cuda/kernels.cu (nvcc, sm_80 + sm_90)" \
+  "$NVCC" -c "$ROOT/csrc/cuda/kernels.cu" -o "$TMP/kernels.o" -std=c++17 -O3 -DGRADACC_WITH_CUDA \
+  -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+  -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror \
+  -Xptxas -warn-spills,-warn-lmem-usage,-Werror
+
+mapfile -t TORCH_INCLUDES < <(python -c "from torch.utils.cpp_extension import include_paths; print('\n'.join(include_paths()))")
+mkdir -p "$TMP/stub/c10/cuda/impl"
+printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' >"$TMP/stub/c10/cuda/impl/cuda_cmake_macros.h"
+timed "csrc/cuda/register_cuda.cpp ($CXX -fsyntax-only, torch headers)" \
+  "$CXX" -fsyntax-only -std=c++17 -DGRADACC_WITH_CUDA -Wall -Wextra -Werror \
+  "${TORCH_INCLUDES[@]/#/-isystem}" -isystem "$CUDA_INCLUDE" -isystem "$TMP/stub" \
+  "$ROOT/csrc/cuda/register_cuda.cpp"
+echo "CUDA compile check passed"
