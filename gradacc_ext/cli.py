@@ -1,0 +1,190 @@
+"""The `gradacc` command (also `python -m gradacc_ext`): info, plan, bench, demo.
+
+Every numeric flag is parsed by a type that states its accepted range, so bad
+input ends as an argparse error (exit code 2) such as
+"argument --grad-accum-steps: must be an integer >= 1, got 0".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from . import __version__
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def float_above(low: float, *, inclusive: bool = False, note: str = "") -> Callable[[str], float]:
+    bound = f"{'>=' if inclusive else '>'} {low:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        ok = (
+            value is not None
+            and value == value
+            and value != float("inf")
+            and (value >= low if inclusive else value > low)
+        )
+        if not ok:
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}{note}, got {text}")
+        return value
+
+    parse.__name__ = f"number {bound}"
+    return parse
+
+
+def resolve_device(parser: argparse.ArgumentParser, name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available on this machine (torch.cuda.is_available() is False)")
+    return torch.device(name)
+
+
+# -- info -----------------------------------------------------------------------------------------------------------
+
+
+def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from . import envinfo
+
+    info = envinfo.collect()
+    print(json.dumps(info, indent=2) if args.json else envinfo.render(info))
+    return 0
+
+
+# -- demo -----------------------------------------------------------------------------------------------------------
+
+
+def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    from .demo import LOSS_NORMS, DemoConfig
+
+    d = DemoConfig()
+    p.add_argument("--batch-size", type=int_at_least(1), default=d.batch_size, help="micro-batch size (sequences)")
+    p.add_argument(
+        "--grad-accum-steps", type=int_at_least(1), default=d.grad_accum_steps, help="micro-batches per optimizer step"
+    )
+    p.add_argument("--steps", type=int_at_least(1), default=d.steps, help="optimizer steps")
+    p.add_argument("--lr", type=float_above(0), default=d.lr, help="peak AdamW learning rate")
+    p.add_argument("--amp", choices=("no", "fp16", "bf16"), default=d.amp, help="autocast precision")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument(
+        "--max-grad-norm",
+        type=float_above(0, inclusive=True, note=" (0 disables clipping)"),
+        default=d.max_grad_norm,
+        help="clip the global grad norm to this; 0 disables",
+    )
+    p.add_argument("--seed", type=int_at_least(0), default=d.seed)
+    p.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda when available, else cpu")
+    p.add_argument(
+        "--backend",
+        choices=("auto", "ext", "torch"),
+        default=d.backend,
+        help="ops backend for the training run (the timing compares auto with torch)",
+    )
+    p.add_argument("--out", type=Path, default=d.out, help="PNG path of the loss curve")
+    p.add_argument("--no-plot", action="store_true", help="do not write the loss curve")
+    p.add_argument(
+        "--loss-norm",
+        choices=LOSS_NORMS,
+        default=d.loss_norm,
+        help="tokens: token-sum losses over the window's token count (exact); mean-of-means: the "
+        "common bug of averaging micro-batch means, which the equivalence check reports",
+    )
+    p.add_argument("--d-model", type=int_at_least(4), default=d.d_model, help="model width (a multiple of 4)")
+    p.add_argument("--n-layers", type=int_at_least(1), default=d.n_layers)
+    p.add_argument("--max-len", type=int_at_least(8), default=d.max_len, help="longest sequence (tokens)")
+    p.add_argument(
+        "--timing-steps", type=int_at_least(1), default=d.timing_steps, help="optimizer steps timed per backend"
+    )
+    p.add_argument(
+        "--check-steps", type=int_at_least(1), default=d.check_steps, help="optimizer steps of the equivalence check"
+    )
+
+
+def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from . import demo
+    from .ops import resolve_backend
+
+    if args.d_model % 4:
+        parser.error(f"--d-model must be a multiple of 4 (the head count), got {args.d_model}")
+    device = resolve_device(parser, args.device)
+    try:
+        resolve_backend(device, args.backend)
+    except RuntimeError as exc:
+        parser.error(f"--backend {args.backend}: {exc}")
+    if args.amp == "fp16" and device.type == "cpu":
+        parser.error("--amp fp16 needs --device cuda (CPU autocast is for bf16); use --amp bf16 on CPU")
+    cfg = demo.DemoConfig(
+        batch_size=args.batch_size,
+        grad_accum_steps=args.grad_accum_steps,
+        steps=args.steps,
+        lr=args.lr,
+        amp=args.amp,
+        compile=args.compile,
+        max_grad_norm=args.max_grad_norm or None,
+        seed=args.seed,
+        device=str(device),
+        out=None if args.no_plot else args.out,
+        backend=args.backend,
+        loss_norm=args.loss_norm,
+        d_model=args.d_model,
+        n_layers=args.n_layers,
+        max_len=args.max_len,
+        timing_steps=args.timing_steps,
+        check_steps=args.check_steps,
+    )
+    return demo.run(cfg)
+
+
+# -- parser ---------------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gradacc", description="gradacc_ext: fused gradient accumulation for PyTorch."
+    )
+    parser.add_argument("--version", action="version", version=f"gradacc_ext {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{info,plan,bench,demo}", required=True)
+
+    info = sub.add_parser("info", help="versions, compiled GPU archs and the backend each op uses")
+    info.add_argument("--json", action="store_true", help="print JSON instead of text")
+    info.set_defaults(handler=cmd_info, parser=info)
+
+    demo = sub.add_parser("demo", help="train a tiny causal LM with accumulation and verify it is exact")
+    add_demo_arguments(demo)
+    demo.set_defaults(handler=cmd_demo, parser=demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # Errors found after parsing go through the subcommand's own parser, so the usage line fits.
+    return args.handler(args, args.parser)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
