@@ -1,0 +1,222 @@
+"""Runs the grid workload x operation x implementation in one process and one run."""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .. import ops
+from .impls import IMPLS, build_impl
+from .operations import OPERATIONS, Operation
+from .state import GradState, make_state
+from .timing import (
+    TimingConfig,
+    copy_bandwidth,
+    count_launches,
+    default_copy_bytes,
+    host_sync_check,
+    sets_needed,
+    summarize,
+    synchronize,
+    time_interleaved,
+)
+from .verify import RTOL, output_error
+from .workloads import Workload
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class BenchConfig:
+    device: torch.device
+    workloads: Sequence[Workload]
+    operations: Sequence[Operation] = tuple(OPERATIONS.values())
+    impls: Sequence[str] = IMPLS
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    copy_bytes: int | None = None  # default: timing.default_copy_bytes
+    huge_peers: bool = False  # run eager/compile on tensors > 2**31 elements (torch #169930 may crash)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.device = torch.device(self.device)
+        bad = [i for i in self.impls if i not in IMPLS]
+        if bad or not self.impls:
+            raise ValueError(f"impls must be a non-empty subset of {IMPLS}, got {list(self.impls)}")
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device 'cuda' was requested but torch.cuda.is_available() is False")
+
+
+def _git_commit() -> str:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        # Only the package and the benchmarks decide what was measured.
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "gradacc_ext", "csrc", "benchmarks/compare.py"],
+            cwd=root, capture_output=True, text=True, check=True, timeout=10,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit + ("-dirty" if dirty else "")
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model} ({torch.get_num_threads()} threads)"
+
+
+def environment(device: torch.device) -> dict[str, object]:
+    backend, reason = ops.resolve_backend(device, "auto")
+    return {
+        "device": device.type,
+        "device_name": device_name(device),
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "commit": _git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "threads": torch.get_num_threads(),
+        "load_average": os.getloadavg(),  # other work on the machine skews CPU timings
+        "gradacc_backend": backend,
+        "gradacc_backend_reason": reason,
+    }
+
+
+def _first_call(impl: Callable[[GradState], object], state: GradState, device: torch.device):
+    t0 = time.perf_counter()
+    out = impl(state)
+    synchronize(device)
+    return out, time.perf_counter() - t0
+
+
+def _verify(
+    impls: dict[str, Callable], op: Operation, state: GradState, device: torch.device
+) -> dict[str, dict[str, float]]:
+    """Runs every implementation once from the same inputs and compares it with the reference.
+
+    Returns, per implementation, the error and the first call's seconds (for
+    torch.compile that is the compile time).
+    """
+    oracle = impls.get("reference") or build_impl("reference", op)
+    state.snapshot()
+    out, _ = _first_call(oracle, state, device)
+    expected = state.outputs(out)
+    report = {}
+    for name, impl in impls.items():
+        state.restore()
+        out, seconds = _first_call(impl, state, device)
+        report[name] = {"error": output_error(expected, state.outputs(out)), "first_call_s": seconds}
+    state.restore()
+    state.drop_snapshot()
+    return report
+
+
+def _skip_reason(name: str, workload: Workload, config: BenchConfig) -> str | None:
+    if workload.gpu_only and name in ("eager", "compile") and not config.huge_peers:
+        return "skipped: torch foreach ops above 2**31 elements (#169930); --huge-peers runs them"
+    return None
+
+
+def run_cell(workload: Workload, op: Operation, config: BenchConfig, copy_gbps: float, log: Log) -> list[dict]:
+    device = config.device
+    bytes_moved = op.bytes_moved(workload.numel)
+    n_sets = sets_needed(bytes_moved, device)
+    states = [make_state(workload, op, device, config.seed + k) for k in range(n_sets)]
+    names = [n for n in config.impls if _skip_reason(n, workload, config) is None]
+    if "compile" in names:
+        torch._dynamo.reset()  # fresh caches per cell: never hit the recompile limit and fall back to eager
+    impls = {n: build_impl(n, op) for n in names}
+    checks = _verify(impls, op, states[0], device)
+
+    rows, timed = [], {}
+    for name in config.impls:
+        row = {"workload": workload.name, "op": op.key, "impl": name, "bytes": bytes_moved, "n_sets": n_sets}
+        rows.append(row)
+        row["status"] = _skip_reason(name, workload, config) or "ok"
+        if name not in checks:
+            continue
+        row["max_rel_error"] = checks[name]["error"]
+        row["first_call_s"] = checks[name]["first_call_s"]
+        if checks[name]["error"] <= RTOL:
+            timed[name] = row
+        else:  # never time an implementation that computes something else
+            row["status"] = f"MISMATCH: rel. error {checks[name]['error']:.3g} > {RTOL:g}; not timed"
+            log(f"  {workload.name:11s} {op.key:10s} {name:9s} {row['status']}")
+
+    fns = {name: (lambda i, f=impls[name]: f(states[i % n_sets])) for name in timed}
+    for name, times in time_interleaved(fns, device, config.timing).items():
+        row = timed[name]
+        row.update(summarize(times))
+        row["gbps"] = bytes_moved / row["median_s"] / 1e9
+        row["pct_copy"] = 100.0 * row["gbps"] / copy_gbps
+        row["launches"], row["launch_unit"] = count_launches(lambda f=impls[name]: f(states[0]), device)
+        row["host_sync"] = host_sync_check(lambda f=impls[name]: f(states[0]), device)
+        log(
+            f"  {workload.name:11s} {op.key:10s} {name:9s} {row['median_s'] * 1e3:10.3f} ms "
+            f"{row['gbps']:8.2f} GB/s {row['pct_copy']:6.1f}% copy  first call {row['first_call_s']:.2f} s"
+        )
+    states.clear()  # free the cell's memory before the next one
+    impls.clear()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def run(config: BenchConfig, log: Log = print) -> dict:
+    device = config.device
+    meta = environment(device)
+    log(f"device {meta['device_name']}, torch {meta['torch_version']}, gradacc backend: {meta['gradacc_backend']}")
+    copy = copy_bandwidth(device, config.copy_bytes or default_copy_bytes(device), config.timing)
+    log(f"copy bandwidth: {copy['gbps']:.2f} GB/s ({copy['bytes'] / 2**20:.0f} MiB moved per copy)")
+    workloads = [w for w in config.workloads if not (w.gpu_only and device.type != "cuda")]
+    skipped = [w.name for w in config.workloads if w not in workloads]
+    if skipped:
+        log(f"skipping GPU-only workloads on {device.type}: {skipped}")
+    cells: list[dict] = []
+    t0 = time.perf_counter()
+    for w in workloads:
+        log(f"{w.name}: {w.summary()}")
+        for op in config.operations:
+            cells += run_cell(w, op, config, copy["gbps"], log)
+    meta["run_s"] = time.perf_counter() - t0
+    meta["load_average_end"] = os.getloadavg()
+    return {
+        "meta": meta,
+        "timing": vars(config.timing),
+        "copy": copy,
+        "workloads": [
+            {
+                "name": w.name,
+                "description": w.description,
+                "scale": w.scale,
+                "tensors": w.num_tensors,
+                "numel": w.numel,
+            }  # fmt: skip
+            for w in workloads
+        ],
+        "skipped_workloads": skipped,
+        "operations": {
+            op.key: {"title": op.title, "bytes_per_element": op.bytes_per_element(), "ours": op.ours}
+            for op in config.operations
+        },
+        "cells": cells,
+    }

@@ -1,0 +1,112 @@
+"""The tensors one benchmark cell works on, filled with random data.
+
+Data is never all-zero: buffers and grads are random normal at the loss scale,
+parameters random normal. The constants keep every operation at a numeric
+fixed point when it is repeated hundreds of times on the same tensors, so the
+timed work neither overflows nor decays into subnormals (which are slow on CPUs):
+
+* accumulate: buf += grad grows linearly, by one loss scale per repeat;
+* final tail: (buf + grad) / LOSS_SCALE has variance >= 1, so its norm exceeds
+  max_norm = CLIP_FRACTION * sqrt(numel) and every repeat really clips,
+  landing back near variance CLIP_FRACTION**2;
+* clip alone: the given norm makes the coefficient CLIP_ALONE_COEF < 1, so every
+  repeat multiplies (a coefficient >= 1 is skipped by the kernels) and a
+  thousand repeats shrink the data by only e**-1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .operations import Operation
+from .workloads import Workload
+
+LOSS_SCALE = 1024.0
+CLIP_FRACTION = 0.5
+CLIP_ALONE_COEF = 0.999
+ADAMW_LR = 1e-4
+
+
+@dataclass
+class GradState:
+    bufs: list[torch.Tensor]  # fp32 accumulation buffers, also the params' .grad
+    grads: list[torch.Tensor]  # this micro-step's (loss-scaled) grads; empty when the op reads none
+    params: list[torch.nn.Parameter]  # empty unless an implementation needs p.grad or an optimizer
+    found_inf: torch.Tensor
+    inv_scale: torch.Tensor
+    norm_out: torch.Tensor
+    clip_norm: torch.Tensor  # the given total norm of "clip alone"
+    max_norm: float
+    optimizer: torch.optim.Optimizer | None = None
+    _snapshot: list[torch.Tensor] = field(default_factory=list, repr=False)
+
+    def mutable(self) -> list[torch.Tensor]:
+        return [*self.bufs, *self.params, self.found_inf, self.norm_out]
+
+    def snapshot(self) -> None:
+        """Remembers every tensor an implementation may write (see restore)."""
+        with torch.no_grad():
+            self._snapshot = [t.detach().clone() for t in self.mutable()]
+
+    def restore(self) -> None:
+        """Puts back the snapshot in place (tensor identities unchanged) and forgets optimizer state."""
+        with torch.no_grad():
+            for t, saved in zip(self.mutable(), self._snapshot, strict=True):
+                t.copy_(saved)
+        if self.optimizer is not None:
+            self.optimizer.state.clear()
+
+    def drop_snapshot(self) -> None:
+        self._snapshot = []
+
+    def outputs(self, returned: torch.Tensor | None) -> dict[str, list[torch.Tensor]]:
+        """Copies of everything the operation produced, for comparing implementations."""
+        with torch.no_grad():
+            out = {"bufs": [b.clone() for b in self.bufs], "found_inf": [self.found_inf.clone()]}
+            if self.optimizer is not None:
+                out["params"] = [p.detach().clone() for p in self.params]
+            if returned is not None:
+                out["returned"] = [returned.detach().clone().reshape(())]
+        return out
+
+
+def needs_params(op: Operation) -> bool:
+    # torch's clip_grad_norm_ / clip_grads_with_norm_ read p.grad; AdamW needs params.
+    return op.key in ("tail", "clip", "tail_adamw")
+
+
+def make_state(workload: Workload, op: Operation, device: torch.device | str, seed: int) -> GradState:
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def normal(shape: tuple[int, ...], dtype: torch.dtype, std: float) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std, generator=gen)
+
+    bufs = [normal(s, torch.float32, LOSS_SCALE) for s in workload.shapes]
+    grads = [normal(s, op.grad_dtype, LOSS_SCALE) for s in workload.shapes] if op.grad_dtype is not None else []
+    params: list[torch.nn.Parameter] = []
+    if needs_params(op):
+        for shape, buf in zip(workload.shapes, bufs, strict=True):
+            p = torch.nn.Parameter(normal(shape, torch.float32, 0.02))
+            p.grad = buf
+            params.append(p)
+    max_norm = CLIP_FRACTION * math.sqrt(workload.numel)
+    optimizer = None
+    if op.needs_optimizer:
+        fused = device.type == "cuda"  # fused=True on CUDA, foreach on CPU (as the issue asks)
+        optimizer = torch.optim.AdamW(params, lr=ADAMW_LR, fused=fused or None, foreach=None if fused else True)
+    scalar = {"dtype": torch.float32, "device": device}
+    return GradState(
+        bufs=bufs,
+        grads=grads,
+        params=params,
+        found_inf=torch.zeros(1, **scalar),
+        inv_scale=torch.full((1,), 1.0 / LOSS_SCALE, **scalar),
+        norm_out=torch.zeros(1, **scalar),
+        clip_norm=torch.full((), max_norm / CLIP_ALONE_COEF, **scalar),  # 0-d: torch's clip wants it
+        max_norm=max_norm,
+        optimizer=optimizer,
+    )
