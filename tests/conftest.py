@@ -1,0 +1,48 @@
+"""Fixtures shared by the test files: devices, backends and a per-test random generator."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+import gradacc_ext
+
+CUDA_SKIP = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=CUDA_SKIP)]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def require_ext(device: str) -> None:
+    """Skips the calling test when no compiled kernels exist for `device` (e.g. a GRADACC_NO_EXT build)."""
+    try:
+        gradacc_ext.resolve_backend(device, "ext")
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(params=["ext", "torch"])
+def backend(request: pytest.FixtureRequest, device: str) -> str:
+    """Both backends on every device: "ext" is the compiled kernels (CUDA kernels for cuda)."""
+    if request.param == "ext":
+        require_ext(device)
+    return request.param
+
+
+@pytest.fixture
+def ext_device(device: str) -> str:
+    """A device whose compiled kernels are loaded (for tests of the kernels' exact arithmetic)."""
+    require_ext(device)
+    return device
+
+
+@pytest.fixture
+def gen(request: pytest.FixtureRequest) -> torch.Generator:
+    """A CPU generator seeded from the test id: every test (and parametrisation) draws its own
+    fresh data, and a failure reproduces when the test is run alone."""
+    return torch.Generator().manual_seed(zlib.crc32(request.node.nodeid.encode()))
