@@ -57,6 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-reps", type=int, help="timed repeats at most")
     p.add_argument("--min-time", type=float, help="seconds timed at least per implementation (up to --max-reps)")
     p.add_argument("--copy-mib", type=int, help="MiB copied by the copy-bandwidth reference")
+    p.add_argument(
+        "--compile-max-tensors",
+        type=int,
+        default=1000,
+        help="skip torch.compile on workloads with more tensors (compiling 2,000 tensors takes many minutes)",
+    )
     p.add_argument("--huge-peers", action="store_true", help="also run eager/compile on the > 2**31-element tensor")
     p.add_argument("--out-dir", type=Path, default=RESULTS, help="where results go (default: benchmarks/results)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -83,6 +89,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         timing=timing,
         copy_bytes=args.copy_mib << 20 if args.copy_mib else None,
         huge_peers=args.huge_peers,
+        compile_max_tensors=args.compile_max_tensors,
         seed=args.seed,
     )
 

@@ -44,6 +44,9 @@ class BenchConfig:
     timing: TimingConfig = field(default_factory=TimingConfig)
     copy_bytes: int | None = None  # default: timing.default_copy_bytes
     huge_peers: bool = False  # run eager/compile on tensors > 2**31 elements (torch #169930 may crash)
+    # torch.compile of a 2,000-tensor list ran > 4 min for one op on 2 CPU cores without finishing: such
+    # cells are skipped (and reported as skipped) unless this is raised.
+    compile_max_tensors: int = 1000
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -107,7 +110,7 @@ def _first_call(impl: Callable[[GradState], object], state: GradState, device: t
     return out, time.perf_counter() - t0
 
 
-def _verify(
+def verify_impls(
     impls: dict[str, Callable], op: Operation, state: GradState, device: torch.device
 ) -> dict[str, dict[str, float]]:
     """Runs every implementation once from the same inputs and compares it with the reference.
@@ -132,6 +135,8 @@ def _verify(
 def _skip_reason(name: str, workload: Workload, config: BenchConfig) -> str | None:
     if workload.gpu_only and name in ("eager", "compile") and not config.huge_peers:
         return "skipped: torch foreach ops above 2**31 elements (#169930); --huge-peers runs them"
+    if name == "compile" and workload.num_tensors > config.compile_max_tensors:
+        return f"skipped: compile of > {config.compile_max_tensors} tensors (--compile-max-tensors raises it)"
     return None
 
 
@@ -144,7 +149,7 @@ def run_cell(workload: Workload, op: Operation, config: BenchConfig, copy_gbps: 
     if "compile" in names:
         torch._dynamo.reset()  # fresh caches per cell: never hit the recompile limit and fall back to eager
     impls = {n: build_impl(n, op) for n in names}
-    checks = _verify(impls, op, states[0], device)
+    checks = verify_impls(impls, op, states[0], device)
 
     rows, timed = [], {}
     for name in config.impls:
