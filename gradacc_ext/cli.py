@@ -75,6 +75,18 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+# -- bench ----------------------------------------------------------------------------------------------------------
+
+
+def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from . import benchmarking
+
+    device = resolve_device(parser, args.device)
+    print(f"running the quick benchmark on {device} (the full harness: python benchmarks/compare.py)...", flush=True)
+    print(benchmarking.quick_table(str(device)))
+    return 0
+
+
 # -- demo -----------------------------------------------------------------------------------------------------------
 
 
@@ -135,8 +147,6 @@ def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         resolve_backend(device, args.backend)
     except RuntimeError as exc:
         parser.error(f"--backend {args.backend}: {exc}")
-    if args.amp == "fp16" and device.type == "cpu":
-        parser.error("--amp fp16 needs --device cuda (CPU autocast is for bf16); use --amp bf16 on CPU")
     cfg = demo.DemoConfig(
         batch_size=args.batch_size,
         grad_accum_steps=args.grad_accum_steps,
@@ -172,6 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="versions, compiled GPU archs and the backend each op uses")
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
     info.set_defaults(handler=cmd_info, parser=info)
+
+    bench = sub.add_parser("bench", help="the quick benchmark table on this machine")
+    bench.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda when available, else cpu")
+    bench.set_defaults(handler=cmd_bench, parser=bench)
 
     demo = sub.add_parser("demo", help="train a tiny causal LM with accumulation and verify it is exact")
     add_demo_arguments(demo)

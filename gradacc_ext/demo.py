@@ -227,7 +227,7 @@ def equivalence_check(model: nn.Module, cfg: DemoConfig, device: torch.device, b
 
 def _stats_line(values: list[float]) -> str:
     if not values:
-        return "none recorded"
+        return "no finite values (every step overflowed and was skipped)"
     return f"min {min(values):.4f}  mean {statistics.fmean(values):.4f}  max {max(values):.4f}  ({len(values)} steps)"
 
 

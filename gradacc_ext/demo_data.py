@@ -24,6 +24,7 @@ class TaskConfig:
     vocab_size: int = 32
     min_len: int = 8
     max_len: int = 48
+    max_stride: int = 3  # strides are drawn from 1..max_stride
     noise: float = 0.05  # probability that a token is replaced by a random one
 
     def __post_init__(self) -> None:
@@ -31,6 +32,8 @@ class TaskConfig:
             raise ValueError(f"vocab_size must be >= 3, got {self.vocab_size}")
         if not 2 <= self.min_len <= self.max_len:
             raise ValueError(f"need 2 <= min_len <= max_len, got min_len={self.min_len}, max_len={self.max_len}")
+        if not 1 <= self.max_stride < self.vocab_size - 1:
+            raise ValueError(f"max_stride must be in [1, vocab_size - 2], got {self.max_stride}")
         if not 0.0 <= self.noise < 1.0:
             raise ValueError(f"noise must be in [0, 1), got {self.noise}")
 
@@ -72,7 +75,7 @@ def make_batch(config: TaskConfig, batch_size: int, generator: torch.Generator) 
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     modulus = config.vocab_size - 1
     start = torch.randint(0, modulus, (batch_size, 1), generator=generator)
-    stride = torch.randint(1, modulus, (batch_size, 1), generator=generator)
+    stride = torch.randint(1, config.max_stride + 1, (batch_size, 1), generator=generator)
     steps = torch.arange(config.max_len).unsqueeze(0)
     clean = (start + stride * steps) % modulus + 1  # ids 1..modulus
     noisy = torch.rand(clean.shape, generator=generator) < config.noise
