@@ -225,7 +225,24 @@ class GradientAccumulator:
                 )
             )
         weight, count = self._weight(num_items)
-        final = self._micro + 1 == self.accumulation_steps
+        return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=True)
+
+    def _backprop(
+        self,
+        loss: torch.Tensor,
+        weight: float | torch.Tensor,
+        count: float | torch.Tensor,
+        *,
+        weighted: bool,
+        completes_micro_batch: bool,
+    ) -> bool:
+        """Backward of one micro-batch or of one part of it (the adaptive accumulator's splits).
+
+        weight multiplies this part's gradient and count is its share of the
+        window's normaliser; only the part that completes a micro-batch counts
+        as a micro-step, and only it can close the window.
+        """
+        final = completes_micro_batch and self._micro + 1 == self.accumulation_steps
         scaled = self._loss_scale.scale(loss) if self._loss_scale is not None else loss
         self._sync.before_backward(final)
         try:
@@ -235,12 +252,13 @@ class GradientAccumulator:
         except BaseException:
             self._drop_grads()
             raise
-        self._commit_count(num_items is not None, count)
+        self._commit_count(weighted, count)
         self._last_backpropagated = scaled.detach()
         self._backward_done = True
-        self.stats.micro_step()
         grads = [p.grad for p in self.params]
-        self._micro += 1
+        if completes_micro_batch:
+            self._micro += 1
+            self.stats.micro_step()
         if final:
             self._close_window(grads, weight)
             return True

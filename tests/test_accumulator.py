@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import zlib
 
 import pytest
 import torch
@@ -34,10 +35,14 @@ def make_batches(n: int, size: int, dtype: torch.dtype, seed: int) -> list[tuple
     ]
 
 
-def make_optimizer(kind: str, params, fused: bool = False) -> torch.optim.Optimizer:
+def make_optimizer(kind: str, params, fused: bool = False, dtype: torch.dtype = torch.float32) -> torch.optim.Optimizer:
     if kind == "sgd":
         return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01)
-    return torch.optim.AdamW(params, lr=0.02, weight_decay=0.05, **({"fused": True} if fused else {}))
+    # Adam divides by sqrt(v) + eps: in fp32 a near-zero gradient element whose sign is set by
+    # summation-order rounding moves by up to lr either way. eps=1e-3 bounds that amplification
+    # (by 1/eps) so fp32 runs are comparable; float64 runs keep torch's default eps.
+    eps = 1e-3 if dtype == torch.float32 else 1e-8
+    return torch.optim.AdamW(params, lr=0.02, weight_decay=0.05, eps=eps, **({"fused": True} if fused else {}))
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
@@ -93,16 +98,16 @@ def max_param_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
 @pytest.mark.parametrize("clip", [None, (0.3, 2.0), (0.05, math.inf)])
 def test_matches_full_batch(dtype, opt_kind, clip):
     n, num_batches = 3, 8  # 8 = 3 + 3 + 2: the last window is short
-    seed = hash((str(dtype), opt_kind, str(clip))) % 10_000
+    seed = zlib.crc32(f"{dtype}{opt_kind}{clip}".encode()) % 10_000
     model, ref = make_model(dtype, seed), make_model(dtype, seed)
     batches = make_batches(num_batches, 4, dtype, seed + 1)
     max_norm, norm_type = clip if clip else (None, 2.0)
-    opt = make_optimizer(opt_kind, model.parameters())
+    opt = make_optimizer(opt_kind, model.parameters(), dtype=dtype)
     sched = make_scheduler(opt)
     config = GradientAccumulationConfig(accumulation_steps=n, max_grad_norm=max_norm, norm_type=norm_type)
     acc = GradientAccumulator(model, opt, config, sched)
     closed = accumulator_run(acc, batches)
-    ref_opt = make_optimizer(opt_kind, ref.parameters())
+    ref_opt = make_optimizer(opt_kind, ref.parameters(), dtype=dtype)
     ref_sched = make_scheduler(ref_opt)
     reference_run(ref, ref_opt, ref_sched, batches, n, max_norm, norm_type)
     assert_params_close(model, ref, dtype)
