@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -25,6 +26,15 @@ from gradacc_ext.config import GradientAccumulationConfig
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
 
 
+def fp32_forward(acc: GradientAccumulator) -> None:
+    """Runs the forward without autocast, so a test checks the loss scaling alone against fp32 math.
+
+    (An fp16 forward rounds differently per micro-batch than per full batch; autocast itself is
+    exercised by the CUDA tests.)
+    """
+    acc._autocast = contextlib.nullcontext
+
+
 def poison_hook(param: torch.nn.Parameter, when: set[int]):
     """Makes param's gradient inf on the micro-steps listed in `when` (counted from 0)."""
     calls = [0]
@@ -46,6 +56,7 @@ def test_fp16_overflow_skips_step_backs_off_and_keeps_scheduler(fused):
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1000)
     config = GradientAccumulationConfig(accumulation_steps=n, mixed_precision="fp16", max_grad_norm=1.0)
     acc = GradientAccumulator(model, opt, config, sched, scaler=scaler)
+    fp32_forward(acc)
     batches = make_batches(2 * n, 4, torch.float32, seed)
     poison_hook(model[0].weight, {1})  # the middle micro-step of the first window
     before = [p.detach().clone() for p in model.parameters()]
@@ -92,7 +103,7 @@ def test_fp16_equals_fp32_reference_with_scaled_loss():
         model = make_model(torch.float32, seed)
         config = GradientAccumulationConfig(accumulation_steps=n, mixed_precision=mode, max_grad_norm=0.5)
         acc = GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.2), config)
-        acc._autocast = lambda: __import__("contextlib").nullcontext()  # compare the scaling alone, fp32 math
+        fp32_forward(acc)
         accumulator_run(acc, make_batches(7, 4, torch.float32, seed))
         runs[mode] = model
     assert_params_close(runs["fp16"], runs["no"], torch.float32)
