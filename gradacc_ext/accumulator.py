@@ -215,6 +215,12 @@ class GradientAccumulator:
             )
         if self._in_micro_step and self._backward_done:
             raise RuntimeError("GradientAccumulator.backward: called twice inside one micro_step()")
+        self._check_loss(loss)
+        weight, count = self._weight(num_items)
+        return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=True)
+
+    @staticmethod
+    def _check_loss(loss: object) -> None:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
             raise ValueError(
                 "GradientAccumulator.backward: loss must be a one-element tensor that requires grad, got "
@@ -224,8 +230,6 @@ class GradientAccumulator:
                     else type(loss).__name__
                 )
             )
-        weight, count = self._weight(num_items)
-        return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=True)
 
     def _backprop(
         self,

@@ -49,7 +49,8 @@ class AccumulatorStats:
         self.device = device
         self.history = history
         self.track_memory = track_memory and device.type == "cuda"
-        self._callbacks: OrderedDict[int, Callable[[StepInfo], None]] = OrderedDict()  # weakref-able for RemovableHandle
+        # An OrderedDict because RemovableHandle keeps a weak reference to it (a plain dict has none).
+        self._callbacks: OrderedDict[int, Callable[[StepInfo], None]] = OrderedDict()
         self.reset()
 
     def reset(self) -> None:

@@ -1,0 +1,152 @@
+"""AdaptiveGradientAccumulator: splits a micro-batch that runs out of memory and retries the rest.
+
+step_batch(batch, loss_fn) runs the batch as ONE micro-batch of the window,
+in chunks of at most `micro_batch_size` items. When a chunk raises
+torch.OutOfMemoryError (in forward or backward), its partial gradients are
+dropped, the chunk is split in halves, and the halves are retried; chunks
+that already finished stay accumulated (they are complete and exact). Each
+chunk's gradient is weighted by its share of the micro-batch, so the
+window's gradient is the same as without a split; the smaller size is kept
+for later batches; at `min_micro_batch_size` the OOM is re-raised as a
+RuntimeError that says so.
+
+This follows Composer's device_train_microbatch_size="auto" (ANCHORS.md),
+with one difference that removes its DDP deadlock (Composer PR #2117): no
+collective runs until the window's end, so ranks may split differently
+without agreeing first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .accumulator import GradientAccumulator, LossFn
+from .config import GradientAccumulationConfig
+
+
+def batch_size_of(batch: Any) -> int:
+    """Items along dim 0 of a tensor, or of every tensor in a (nested) tuple/list/dict; they must agree."""
+    sizes = {t.shape[0] for t in _tensors(batch)}
+    if len(sizes) != 1:
+        raise ValueError(
+            "AdaptiveGradientAccumulator: a batch must hold tensors that share their first dimension "
+            f"(found sizes {sorted(sizes) if sizes else 'none'})"
+        )
+    return sizes.pop()
+
+
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch] if batch.dim() > 0 else []
+    if isinstance(batch, Mapping):
+        return [t for v in batch.values() for t in _tensors(v)]
+    if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
+        return [t for v in batch for t in _tensors(v)]
+    return []
+
+
+def split_batch(batch: Any, size: int) -> list[Any]:
+    """Splits every tensor of `batch` along dim 0 into chunks of `size` (the last may be smaller)."""
+    total = batch_size_of(batch)
+    return [_slice(batch, start, min(start + size, total)) for start in range(0, total, size)]
+
+
+def _slice(batch: Any, start: int, stop: int) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch[start:stop] if batch.dim() > 0 else batch
+    if isinstance(batch, Mapping):
+        return type(batch)({k: _slice(v, start, stop) for k, v in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(_slice(v, start, stop) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_slice(v, start, stop) for v in batch)
+    return batch
+
+
+class AdaptiveGradientAccumulator(GradientAccumulator):
+    """GradientAccumulator whose step_batch() survives CUDA out-of-memory errors by splitting.
+
+    micro_batch_size: the largest chunk to try first (None: the whole batch);
+    it shrinks on OOM and stays shrunk. min_micro_batch_size: the floor.
+    """
+
+    def __init__(
+        self,
+        model_or_params: torch.nn.Module | Any,
+        optimizer: torch.optim.Optimizer,
+        config: GradientAccumulationConfig,
+        scheduler: Any | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        *,
+        micro_batch_size: int | None = None,
+        min_micro_batch_size: int = 1,
+    ) -> None:
+        for name, value, optional in (
+            ("micro_batch_size", micro_batch_size, True),
+            ("min_micro_batch_size", min_micro_batch_size, False),
+        ):
+            if (value is None and not optional) or (
+                value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1)
+            ):
+                raise ValueError(f"AdaptiveGradientAccumulator: {name} must be an integer >= 1, got {value!r}")
+        super().__init__(model_or_params, optimizer, config, scheduler, scaler)
+        self.micro_batch_size = micro_batch_size if micro_batch_size is not None else config.micro_batch_size
+        self.min_micro_batch_size = min_micro_batch_size
+        self.adaptation_history: list[dict[str, int]] = []
+
+    def step_batch(self, batch: Any, loss_fn: LossFn) -> bool:
+        """Run `batch` as one micro-batch: loss_fn(model, chunk) -> loss or (loss, num_items), per chunk.
+
+        In "mean" mode without num_items, chunk losses are means and each chunk
+        is weighted by its share of the batch's items; with num_items (or in
+        "sum" mode) chunks are weighted by their num_items as usual.
+        """
+        total = batch_size_of(batch)
+        size = min(total, self.micro_batch_size or total)
+        queue = deque(split_batch(batch, size) if size < total else [batch])
+        closed = False
+        with self.micro_step():
+            while queue:
+                chunk = queue.popleft()
+                n = batch_size_of(chunk)
+                try:
+                    closed = self._run_chunk(chunk, n, total, loss_fn, last=not queue)
+                except torch.OutOfMemoryError as oom:
+                    self._drop_grads()
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
+                    if n <= self.min_micro_batch_size:
+                        raise RuntimeError(
+                            f"AdaptiveGradientAccumulator: out of memory at micro-batch size {n}, which is the floor "
+                            f"(min_micro_batch_size={self.min_micro_batch_size}); reduce the model's memory use or "
+                            "lower the floor"
+                        ) from oom
+                    half = math.ceil(n / 2)
+                    self.adaptation_history.append({"window": self.stats.windows, "from": n, "to": half})
+                    self.micro_batch_size = half
+                    queue.extendleft(reversed(split_batch(chunk, half)))
+        return closed
+
+    def _run_chunk(self, chunk: Any, n: int, total: int, loss_fn: LossFn, last: bool) -> bool:
+        out = loss_fn(self.module, chunk)
+        loss, num_items = out if isinstance(out, tuple) else (out, None)
+        self._check_loss(loss)
+        weight, count = self._weight(num_items)
+        if num_items is None:
+            # A mean loss over this chunk stands for n/total of the micro-batch's mean.
+            weight, count = n / total, n / total
+        self._backward_done = False  # one backward per chunk
+        return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=last)
+
+    def get_adaptation_stats(self) -> dict[str, Any]:
+        return {
+            "micro_batch_size": self.micro_batch_size,
+            "min_micro_batch_size": self.min_micro_batch_size,
+            "oom_splits": len(self.adaptation_history),
+            "adaptation_history": list(self.adaptation_history),
+        }
