@@ -3,12 +3,12 @@
 step_batch(batch, loss_fn) runs the batch as ONE micro-batch of the window,
 in chunks of at most `micro_batch_size` items. When a chunk raises
 torch.OutOfMemoryError (in forward or backward), its partial gradients are
-dropped, the chunk is split in halves, and the halves are retried; chunks
-that already finished stay accumulated (they are complete and exact). Each
-chunk's gradient is weighted by its share of the micro-batch, so the
-window's gradient is the same as without a split; the smaller size is kept
-for later batches; at `min_micro_batch_size` the OOM is re-raised as a
-RuntimeError that says so.
+dropped, the chunk (and any queued chunk as large) is split in halves and
+retried; chunks that already finished stay accumulated (they are complete
+and exact). Each chunk's gradient is weighted by its share of the
+micro-batch, so the window's gradient is the same as without a split; the
+smaller size is kept for later batches; at `min_micro_batch_size` the OOM
+is re-raised as a RuntimeError that says so.
 
 This follows Composer's device_train_microbatch_size="auto" (ANCHORS.md),
 with one difference that removes its DDP deadlock (Composer PR #2117): no
@@ -129,7 +129,8 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
                     half = math.ceil(n / 2)
                     self.adaptation_history.append({"window": self.stats.windows, "from": n, "to": half})
                     self.micro_batch_size = half
-                    queue.extendleft(reversed(split_batch(chunk, half)))
+                    # The failed chunk and the ones still queued (as large) all get the new size.
+                    queue = deque(part for c in (chunk, *queue) for part in split_batch(c, half))
         return closed
 
     def _run_chunk(self, chunk: Any, n: int, total: int, loss_fn: LossFn, last: bool) -> bool:
