@@ -66,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--huge-peers", action="store_true", help="also run eager/compile on the > 2**31-element tensor")
     p.add_argument("--out-dir", type=Path, default=RESULTS, help="where results go (default: benchmarks/results)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads for the run (CPU; default: torch's)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -96,6 +97,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)  # recorded in the results (meta.threads)
     try:
         config = config_from_args(args)
     except ValueError as exc:

@@ -113,11 +113,14 @@ def test_state_is_random_and_clip_really_clips() -> None:
     assert norm_only.grads == [] and norm_only.params == [] and norm_only.optimizer is None
 
 
-def test_sets_needed_exceed_twice_the_cache() -> None:
-    cache = timing.cache_bytes(torch.device("cpu"))
-    assert timing.sets_needed(cache, torch.device("cpu")) == 2
-    assert timing.sets_needed(10 * cache, torch.device("cpu")) == 1
-    assert timing.sets_needed(1, torch.device("cpu")) == timing.MAX_SETS
+def test_sets_needed_exceed_the_cache() -> None:
+    cpu = torch.device("cpu")
+    total = timing.rotation_bytes(cpu)
+    assert total >= 8 * timing.cache_bytes(cpu) and total >= 1 << 28
+    assert timing.sets_needed(total // 2, cpu) == 2
+    assert timing.sets_needed(total // 2 - 1, cpu) == 3
+    assert timing.sets_needed(total, cpu) == 1
+    assert timing.sets_needed(1, cpu) == timing.MAX_SETS
 
 
 def test_time_interleaved_counts_and_rotates() -> None:

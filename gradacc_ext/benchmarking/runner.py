@@ -22,8 +22,8 @@ from .timing import (
     TimingConfig,
     copy_bandwidth,
     count_launches,
-    default_copy_bytes,
     host_sync_check,
+    rotation_bytes,
     sets_needed,
     summarize,
     synchronize,
@@ -42,7 +42,7 @@ class BenchConfig:
     operations: Sequence[Operation] = tuple(OPERATIONS.values())
     impls: Sequence[str] = IMPLS
     timing: TimingConfig = field(default_factory=TimingConfig)
-    copy_bytes: int | None = None  # default: timing.default_copy_bytes
+    copy_bytes: int | None = None  # default: timing.rotation_bytes
     huge_peers: bool = False  # run eager/compile on tensors > 2**31 elements (torch #169930 may crash)
     # torch.compile of a 2,000-tensor list ran > 4 min for one op on 2 CPU cores without finishing: such
     # cells are skipped (and reported as skipped) unless this is raised.
@@ -190,7 +190,7 @@ def run(config: BenchConfig, log: Log = print) -> dict:
     device = config.device
     meta = environment(device)
     log(f"device {meta['device_name']}, torch {meta['torch_version']}, gradacc backend: {meta['gradacc_backend']}")
-    copy = copy_bandwidth(device, config.copy_bytes or default_copy_bytes(device), config.timing)
+    copy = copy_bandwidth(device, config.copy_bytes or rotation_bytes(device), config.timing)
     log(f"copy bandwidth: {copy['gbps']:.2f} GB/s ({copy['bytes'] / 2**20:.0f} MiB moved per copy)")
     workloads = [w for w in config.workloads if not (w.gpu_only and device.type != "cuda")]
     skipped = [w.name for w in config.workloads if w not in workloads]
