@@ -58,20 +58,26 @@ class BenchConfig:
             raise ValueError("device 'cuda' was requested but torch.cuda.is_available() is False")
 
 
+# What decides the numbers: a change here that is not committed marks the commit "-dirty".
+MEASURED_PATHS = (
+    "gradacc_ext/benchmarking", "gradacc_ext/ops.py", "gradacc_ext/reference.py", "gradacc_ext/_checks.py",
+    "gradacc_ext/_loader.py", "gradacc_ext/__init__.py", "csrc", "setup.py", "benchmarks/compare.py",
+)  # fmt: skip
+
+
 def _git_commit() -> str:
     root = Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
         ).stdout.strip()
-        # Only the package and the benchmarks decide what was measured.
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "gradacc_ext", "csrc", "benchmarks/compare.py"],
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--", *MEASURED_PATHS],
             cwd=root, capture_output=True, text=True, check=True, timeout=10,
         ).stdout.strip()  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return commit + ("-dirty" if dirty else "")
+    return commit + ("-dirty" if changed else "")
 
 
 def device_name(device: torch.device) -> str:
