@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gradacc_ext
-from gradacc_ext import envinfo
+from gradacc_ext import envinfo, probe
 from gradacc_ext.cli import main
 
 
@@ -115,6 +115,99 @@ def test_demo_device_cuda_without_cuda_is_a_usage_error(capsys):
 def test_missing_subcommand_is_a_usage_error(capsys):
     code, _, err = run_cli(capsys)
     assert code == 2 and "required" in err
+
+
+# -- plan -----------------------------------------------------------------------------------------------------------
+
+
+def plan_rows(out: str) -> dict[str, str]:
+    return {
+        name.strip(): value.strip() for name, value in (line.split("|", 1) for line in out.splitlines() if "|" in line)
+    }
+
+
+def test_plan_table_exact_target_with_lr_scaling(capsys):
+    code, out, _ = run_cli(
+        capsys,
+        "plan",
+        "--target-batch",
+        "256",
+        "--micro-batch",
+        "8",
+        "--world-size",
+        "4",
+        "--base-lr",
+        "3e-4",
+        "--base-batch",
+        "32",
+    )
+    assert code == 0
+    rows = plan_rows(out)
+    assert rows["micro-batch per rank"] == "8" and rows["accumulation steps"] == "8"
+    assert rows["effective batch"] == "256 (exact)"
+    assert float(rows["scaled LR, linear"].split()[0]) == pytest.approx(3e-4 * 256 / 32, rel=1e-3)
+    assert float(rows["scaled LR, sqrt"].split()[0]) == pytest.approx(3e-4 * 8**0.5, rel=1e-3)
+    assert "micro-batch 8 x steps 8 x world 4 = effective batch 256" in out
+
+
+def test_plan_json_inexact_target_says_so(capsys):
+    code, out, _ = run_cli(
+        capsys, "plan", "--target-batch", "250", "--micro-batch", "16", "--world-size", "4", "--json"
+    )
+    assert code == 0
+    plan = json.loads(out)
+    assert (plan["micro_batch_size"], plan["accumulation_steps"], plan["world_size"]) == (16, 4, 4)
+    assert plan["effective_batch_size"] == 256 and plan["exact"] is False
+    assert "250" in plan["note"] and "lr_linear" not in plan
+    assert plan["micro_batch_size"] * plan["accumulation_steps"] * plan["world_size"] == plan["effective_batch_size"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--target-batch", "0", "--micro-batch", "4"), "argument --target-batch: must be an integer >= 1, got 0"),
+        (
+            ("--target-batch", "64", "--micro-batch", "4", "--world-size", "0"),
+            "argument --world-size: must be an integer >= 1, got 0",
+        ),
+        (
+            (
+                "--target-batch",
+                "64",
+            ),
+            "one of the arguments --micro-batch --probe is required",
+        ),
+        (("--target-batch", "64", "--micro-batch", "4", "--probe"), "not allowed with argument"),
+        (("--target-batch", "64", "--micro-batch", "4", "--base-lr", "1e-3"), "--base-lr and --base-batch go together"),
+        (
+            ("--target-batch", "64", "--micro-batch", "4", "--base-lr", "-1", "--base-batch", "8"),
+            "argument --base-lr: must be a finite number > 0, got -1",
+        ),
+        (("--target-batch", "2", "--micro-batch", "4", "--world-size", "4"), "smaller than world_size=4"),
+    ],
+)
+def test_plan_rejects_bad_input(capsys, argv, message):
+    expect_usage_error(capsys, message, "plan", *argv)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_plan_probe_without_cuda_is_a_clear_error(capsys):
+    expect_usage_error(capsys, "--probe needs a CUDA GPU", "plan", "--target-batch", "64", "--probe")
+
+
+def test_probe_run_holds_training_memory_and_runs_backward():
+    run = probe.ProbeRun("demo", 12, "no", torch.device("cpu"))
+    assert all(bool((p.grad == 0).all()) for p in run.model.parameters())  # held, as in training
+    assert all(len(run.optimizer.state[p]) > 0 for p in run.model.parameters())
+    run(3)  # one forward and backward of 3 sequences of 12 tokens
+    assert all(bool(p.grad.abs().sum() > 0) for p in run.model.parameters())
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [({"preset": "gpt5"}, "preset"), ({"seq_len": 4096}, "seq_len")])
+def test_probe_rejects_bad_settings(kwargs, message):
+    settings = {"preset": "demo", "seq_len": 8, "amp": "no", "device": torch.device("cpu")} | kwargs
+    with pytest.raises(ValueError, match=message):
+        probe.ProbeRun(**settings)
 
 
 # -- bench ----------------------------------------------------------------------------------------------------------
