@@ -13,7 +13,7 @@ import torch
 from gradacc_ext.benchmarking import impls as impls_mod
 from gradacc_ext.benchmarking import report, runner, targets, timing, verify
 from gradacc_ext.benchmarking.operations import OPERATIONS, parse_operations
-from gradacc_ext.benchmarking.state import CLIP_ALONE_COEF, LOSS_SCALE, make_state
+from gradacc_ext.benchmarking.state import CLIP_ALONE_COEF, LOSS_SCALE, make_state, needs_params
 from gradacc_ext.benchmarking.workloads import (
     HUGE_NUMEL,
     Workload,
@@ -109,6 +109,8 @@ def test_state_is_random_and_clip_really_clips() -> None:
     # "clip alone" must multiply (a coefficient >= 1 is skipped by the kernels), and only a little.
     coef = s.max_norm / (float(s.clip_norm) + 1e-6)
     assert coef < 1 and math.isclose(coef, CLIP_ALONE_COEF, rel_tol=1e-5)
+    assert needs_params(OPERATIONS["tail"], ("eager",)) and not needs_params(OPERATIONS["tail"], ("gradacc",))
+    assert needs_params(OPERATIONS["tail_adamw"], ("gradacc",)) and not needs_params(OPERATIONS["acc_bf16"])
     norm_only = make_state(TINY, OPERATIONS["norm"], "cpu", seed=3)
     assert norm_only.grads == [] and norm_only.params == [] and norm_only.optimizer is None
 
@@ -268,3 +270,17 @@ def test_gpu_targets() -> None:
     assert got["tail: device launches"] == "met"
     assert got["tail: host syncs (sync_debug_mode='error')"] == "met"
     assert got["tail: speedup vs eager"] == "n/a (not run)"
+
+
+def test_skipped_cells_are_reported_not_run() -> None:
+    fake_huge = Workload("fake-huge", "gpu-only stand-in", ((10,),), 1.0, gpu_only=True)
+    config = runner.BenchConfig("cpu", [fake_huge], parse_operations("tail_adamw"), NON_COMPILED, FAST_TIMING, 1 << 20)
+    rows = runner.run_cell(fake_huge, OPERATIONS["tail_adamw"], config, 10.0, lambda _: None)
+    assert all(r["status"].startswith("skipped") and "median_s" not in r for r in rows)
+    rows = runner.run_cell(fake_huge, OPERATIONS["norm"], config, 10.0, lambda _: None)
+    status = {r["impl"]: r["status"].split(":")[0] for r in rows}
+    assert status == {"gradacc": "ok", "eager": "skipped", "reference": "ok"}
+    limited = runner.BenchConfig("cpu", [TINY], parse_operations("norm"), ("gradacc", "compile"), FAST_TIMING, 1 << 20,
+                                 compile_max_tensors=TINY.num_tensors - 1)  # fmt: skip
+    rows = {r["impl"]: r for r in runner.run_cell(TINY, OPERATIONS["norm"], limited, 10.0, lambda _: None)}
+    assert rows["compile"]["status"].startswith("skipped: compile") and rows["gradacc"]["median_s"] > 0

@@ -73,12 +73,16 @@ class GradState:
         return out
 
 
-def needs_params(op: Operation) -> bool:
-    # torch's clip_grad_norm_ / clip_grads_with_norm_ read p.grad; AdamW needs params.
-    return op.key in ("tail", "clip", "tail_adamw")
+def needs_params(op: Operation, impls: tuple[str, ...] = ("eager",)) -> bool:
+    """AdamW needs params; torch's clip_grad_norm_ / clip_grads_with_norm_ (eager, compile) read p.grad."""
+    torch_clip = op.key in ("tail", "clip") and any(name in ("eager", "compile") for name in impls)
+    return op.needs_optimizer or torch_clip
 
 
-def make_state(workload: Workload, op: Operation, device: torch.device | str, seed: int) -> GradState:
+def make_state(
+    workload: Workload, op: Operation, device: torch.device | str, seed: int, with_params: bool | None = None
+) -> GradState:
+    """Random inputs of `op` on `workload`; params only if with_params (default: needs_params(op))."""
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
 
@@ -88,7 +92,7 @@ def make_state(workload: Workload, op: Operation, device: torch.device | str, se
     bufs = [normal(s, torch.float32, LOSS_SCALE) for s in workload.shapes]
     grads = [normal(s, op.grad_dtype, LOSS_SCALE) for s in workload.shapes] if op.grad_dtype is not None else []
     params: list[torch.nn.Parameter] = []
-    if needs_params(op):
+    if needs_params(op) if with_params is None else with_params:
         for shape, buf in zip(workload.shapes, bufs, strict=True):
             p = torch.nn.Parameter(normal(shape, torch.float32, 0.02))
             p.grad = buf
