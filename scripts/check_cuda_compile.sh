@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compile check of the CUDA sources on a machine without a GPU (CI).
 #
-#   1. csrc/cuda/kernels.cu with nvcc for sm_80 and sm_90. Every nvcc and
+#   1. csrc/cuda/kernels.cu with nvcc for sm_80 and sm_90, with the flags
+#      torch's CUDAExtension adds (setup.py builds it that way). Every nvcc and
 #      ptxas warning is an error, including register spills and local-memory
 #      use (a 32 KB by-value metadata struct must never land in local memory).
 #   2. csrc/cuda/register_cuda.cpp (host C++) against the installed torch's
@@ -35,14 +36,20 @@ timed() {  # timed LABEL CMD...: runs CMD, prints LABEL and its wall time
   printf '  ok  %-60s %6d ms\n' "$label" "$(((end - start) / 1000000))"
 }
 
+# torch's header dirs ("I <dir>") and the nvcc flags its CUDAExtension adds ("F <flag>").
+TORCH_INFO="$(python -c "from torch.utils import cpp_extension as c
+print('\n'.join(['I ' + p for p in c.include_paths()] + ['F ' + f for f in c.COMMON_NVCC_FLAGS]))")"
+mapfile -t TORCH_INCLUDES < <(sed -n 's/^I //p' <<<"$TORCH_INFO")
+mapfile -t TORCH_NVCC_FLAGS < <(sed -n 's/^F //p' <<<"$TORCH_INFO")
+
 echo "nvcc: $NVCC ($("$NVCC" --version | grep -o 'release [0-9.]*'))"
 timed "csrc/cuda/kernels.cu (nvcc, sm_80 + sm_90)" \
   "$NVCC" -c "$ROOT/csrc/cuda/kernels.cu" -o "$TMP/kernels.o" -std=c++17 -O3 -DGRADACC_WITH_CUDA \
+  "${TORCH_NVCC_FLAGS[@]}" -Xcompiler -fPIC \
   -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
   -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror \
   -Xptxas -warn-spills,-warn-lmem-usage,-Werror
 
-mapfile -t TORCH_INCLUDES < <(python -c "from torch.utils.cpp_extension import include_paths; print('\n'.join(include_paths()))")
 mkdir -p "$TMP/stub/c10/cuda/impl"
 printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' >"$TMP/stub/c10/cuda/impl/cuda_cmake_macros.h"
 timed "csrc/cuda/register_cuda.cpp ($CXX -fsyntax-only, torch headers)" \
