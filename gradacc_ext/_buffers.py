@@ -65,6 +65,13 @@ class GradBuffers:
     def __init__(self, params: Sequence[torch.nn.Parameter], accum_dtype: torch.dtype | None, backend: str) -> None:
         self.params = list(params)
         self.backend = backend
+        if any(type(p).__name__ == "DTensor" or type(p.data).__name__ == "DTensor" for p in self.params):
+            # FSDP2's sharded parameters: the flat buffers would need local-shard shapes and a
+            # cross-shard norm; until then refuse rather than accumulate wrong shapes.
+            raise TypeError(
+                "GradientAccumulator: DTensor (FSDP2 fully_shard) parameters are not supported by the accumulator's "
+                "own buffers yet; wrap the model with DDP, or use FSDP2's set_requires_gradient_sync directly"
+            )
         devices = {p.device for p in self.params}
         if len(devices) > 1:
             raise ValueError(
