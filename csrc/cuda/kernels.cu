@@ -105,12 +105,11 @@ cudaError_t launch_norm(const NormParams& p, void* workspace, cudaStream_t strea
 
 cudaError_t launch_scale(const ScaleParams& p, cudaStream_t stream) {
   const ScaleArgs args{p.inv_scale_ptr, p.found_inf, p.norm_ptr, p.max_norm, p.eps, p.clip_value};
+  const auto kernel = p.mode == ScaleMode::kUnscale    ? scale_kernel<ScaleMode::kUnscale>
+                      : p.mode == ScaleMode::kClipNorm ? scale_kernel<ScaleMode::kClipNorm>
+                                                       : scale_kernel<ScaleMode::kClipValue>;
   return for_each_batch<1>({&p.tensors}, [&](const ListMeta<1>& meta, unsigned blocks) {
-    switch (p.mode) {
-      case ScaleMode::kUnscale: scale_kernel<ScaleMode::kUnscale><<<blocks, kBlockThreads, 0, stream>>>(meta, args); break;
-      case ScaleMode::kClipNorm: scale_kernel<ScaleMode::kClipNorm><<<blocks, kBlockThreads, 0, stream>>>(meta, args); break;
-      case ScaleMode::kClipValue: scale_kernel<ScaleMode::kClipValue><<<blocks, kBlockThreads, 0, stream>>>(meta, args); break;
-    }
+    kernel<<<blocks, kBlockThreads, 0, stream>>>(meta, args);
   });
 }
 
