@@ -75,7 +75,7 @@ TORCH_LIBRARY(gradacc, m) {
   m.def("clip_by_value_(Tensor(a!)[] tensors, float clip_value) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(gradacc, CPU, m) {
+void register_cpu_impls(torch::Library& m) {
   m.impl("accumulate_", &accumulate_cpu);
   m.impl("accumulate_final_", &accumulate_final_cpu);
   m.impl("global_norm", &global_norm_cpu);
@@ -83,6 +83,17 @@ TORCH_LIBRARY_IMPL(gradacc, CPU, m) {
   m.impl("clip_by_norm_", &clip_by_norm_cpu);
   m.impl("clip_by_value_", &clip_by_value_cpu);
 }
+
+TORCH_LIBRARY_IMPL(gradacc, CPU, m) { register_cpu_impls(m); }
+
+// A sparse tensor anywhere in the arguments routes the call to these keys.
+// These registrations never compute: the binding's layout check rejects the
+// sparse tensor by name before anything is written, instead of the
+// dispatcher's bare "could not run 'gradacc::...' with SparseCPU".
+TORCH_LIBRARY_IMPL(gradacc, SparseCPU, m) { register_cpu_impls(m); }
+TORCH_LIBRARY_IMPL(gradacc, SparseCsrCPU, m) { register_cpu_impls(m); }
+TORCH_LIBRARY_IMPL(gradacc, SparseCUDA, m) { register_cpu_impls(m); }
+TORCH_LIBRARY_IMPL(gradacc, SparseCsrCUDA, m) { register_cpu_impls(m); }
 
 }  // namespace gradacc
 

@@ -8,6 +8,9 @@ reference when the extension is not built (or with backend="torch").
 from __future__ import annotations
 
 from ._loader import build_info, extension_has_cuda, extension_loaded
+from .accumulator import GradientAccumulator
+from .adaptive import AdaptiveGradientAccumulator
+from .config import GradientAccumulationConfig
 from .ops import (
     accumulate_,
     accumulate_final_,
@@ -18,6 +21,8 @@ from .ops import (
     resolve_backend,
     unscale_,
 )
+from .planning import AccumulationPlan, plan_accumulation, probe_max_micro_batch_size, scale_lr_linear, scale_lr_sqrt
+from .stats import StepInfo
 
 __version__ = "0.1.0"
 
@@ -27,6 +32,11 @@ if extension_loaded():
     _fake.register()
 
 __all__ = [
+    "AccumulationPlan",
+    "AdaptiveGradientAccumulator",
+    "GradientAccumulationConfig",
+    "GradientAccumulator",
+    "StepInfo",
     "__version__",
     "accumulate_",
     "accumulate_final_",
@@ -37,6 +47,10 @@ __all__ = [
     "extension_has_cuda",
     "extension_loaded",
     "global_norm",
+    "plan_accumulation",
+    "probe_max_micro_batch_size",
     "resolve_backend",
+    "scale_lr_linear",
+    "scale_lr_sqrt",
     "unscale_",
 ]

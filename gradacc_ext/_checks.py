@@ -49,7 +49,9 @@ def check_scalar(op: str, arg: str, t: torch.Tensor | None, device: torch.device
     if t.layout != torch.strided or t.numel() != 1:
         raise ValueError(f"{op}: {arg} has {t.numel()} elements; expected a one-element float32 tensor")
     if t.device != device:
-        raise ValueError(f"{op}: {arg} is on {t.device} but the tensors are on {device}; expected it on the same device")
+        raise ValueError(
+            f"{op}: {arg} is on {t.device} but the tensors are on {device}; expected it on the same device"
+        )
 
 
 def check_norm_type(op: str, norm_type: float) -> None:
@@ -69,7 +71,7 @@ def check_accumulate(
     device = list_device(bufs, alpha_tensor)
     check_list(op, "bufs", bufs, device)
     check_list(op, "grads", grads, device)
-    for i, (b, g) in enumerate(zip(bufs, grads)):
+    for i, (b, g) in enumerate(zip(bufs, grads, strict=True)):
         if b.shape != g.shape:
             raise ValueError(
                 f"{op}: grads[{i}] has shape {list(g.shape)} but bufs[{i}] has shape {list(b.shape)}; "

@@ -55,7 +55,8 @@ def _load() -> tuple[ModuleType | None, dict[str, Any] | None, str]:
     try:
         module = importlib.import_module("gradacc_ext._C")
     except (ImportError, OSError) as exc:
-        return None, config, f"gradacc_ext._C failed to load ({exc}); rebuild with `pip install --no-build-isolation -e .`"
+        rebuild = "rebuild with `pip install --no-build-isolation -e .`"
+        return None, config, f"gradacc_ext._C failed to load ({exc}); {rebuild}"
     return module, config, "compiled extension loaded"
 
 

@@ -49,19 +49,34 @@ def resolve_backend(device: torch.device | str, backend: str = "auto") -> tuple[
     return ("ext", reason) if available else ("torch", reason + "; using the pure-PyTorch reference")
 
 
-def _run(name: str, device: torch.device, backend: str, validate: Callable[[], object], *args: object):
+def _run(
+    name: str,
+    device: torch.device,
+    backend: str,
+    validate: Callable[[], object],
+    args: tuple,
+    on_empty: Callable[[], object] | None = None,
+):
     """Calls op `name` on the chosen backend.
 
     The compiled ops check their arguments in C++ (csrc/binding.cpp), which
     costs microseconds even for thousands of tensors; the reference path runs
     the equivalent Python checks first. Either way nothing is written when an
-    argument is rejected.
+    argument is rejected. `on_empty` is the result for empty lists (nothing to
+    launch): their arguments, backend included, are still checked.
     """
     chosen, _ = resolve_backend(device, backend)
+    if on_empty is not None:
+        validate()
+        return on_empty()
     if chosen == "ext":
         return getattr(torch.ops.gradacc, name)(*args)
     validate()
     return getattr(reference, name)(*args)
+
+
+def _nothing() -> None:
+    return None
 
 
 def _as_list(tensors: Iterable[torch.Tensor] | torch.Tensor, arg: str) -> list[torch.Tensor]:
@@ -95,14 +110,13 @@ def accumulate_(
     op = "gradacc.accumulate_"
     bufs, grads = _as_list(bufs, "bufs"), _as_list(grads, "grads")
     alpha, alpha_tensor = _split_scale(scale)
-    if not bufs and not grads:
-        return
     device = _checks.list_device(bufs or grads, alpha_tensor)
 
     def validate() -> None:
         _checks.check_accumulate(op, bufs, grads, alpha, alpha_tensor)
 
-    _run("accumulate_", device, backend, validate, bufs, grads, alpha, alpha_tensor, assign)
+    empty = _nothing if not bufs and not grads else None
+    _run("accumulate_", device, backend, validate, (bufs, grads, alpha, alpha_tensor, assign), empty)
 
 
 def accumulate_final_(
@@ -136,12 +150,9 @@ def accumulate_final_(
             _checks.check_scalar(op, "inv_scale", inv_scale, device)
         _checks.check_norm_type(op, float(norm_type))
 
-    if not bufs and not grads:
-        validate()
-        norm_out.zero_()  # the norm of nothing
-        return
+    empty = norm_out.zero_ if not bufs and not grads else None  # the norm of nothing is 0
     args = (bufs, grads, alpha, alpha_tensor, assign, inv_scale, found_inf, norm_out, float(norm_type))
-    _run("accumulate_final_", device, backend, validate, *args)
+    _run("accumulate_final_", device, backend, validate, args, empty)
 
 
 def global_norm(
@@ -164,11 +175,11 @@ def global_norm(
         _checks.check_list(op, "tensors", tensors, device)
         _checks.check_norm_type(op, float(norm_type))
 
-    if not tensors:
-        validate()
-        total, each = torch.zeros((), dtype=torch.float32), torch.zeros(0, dtype=torch.float32)
-    else:
-        total, each = _run("global_norm", device, backend, validate, tensors, float(norm_type), per_tensor)
+    def empty_norms() -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros((), dtype=torch.float32), torch.zeros(0, dtype=torch.float32)
+
+    args = (tensors, float(norm_type), per_tensor)
+    total, each = _run("global_norm", device, backend, validate, args, None if tensors else empty_norms)
     return (total, each) if per_tensor else total
 
 
@@ -189,10 +200,7 @@ def unscale_(
         _checks.check_scalar(op, "inv_scale", inv_scale, device)
         _checks.check_scalar(op, "found_inf", found_inf, device)
 
-    if not tensors:
-        validate()
-        return
-    _run("unscale_", device, backend, validate, tensors, inv_scale, found_inf)
+    _run("unscale_", device, backend, validate, (tensors, inv_scale, found_inf), None if tensors else _nothing)
 
 
 def clip_by_norm_(
@@ -215,10 +223,8 @@ def clip_by_norm_(
         if not (math.isfinite(eps) and eps >= 0):
             raise ValueError(f"{op}: eps must be finite and >= 0, got {eps}")
 
-    if not tensors:
-        validate()
-        return
-    _run("clip_by_norm_", device, backend, validate, tensors, total_norm, float(max_norm), float(eps))
+    args = (tensors, total_norm, float(max_norm), float(eps))
+    _run("clip_by_norm_", device, backend, validate, args, None if tensors else _nothing)
 
 
 def clip_grad_norm_(
@@ -252,7 +258,4 @@ def clip_by_value_(
         _checks.check_list(op, "tensors", tensors, device)
         _checks.check_positive(op, "clip_value", float(clip_value))
 
-    if not tensors:
-        validate()
-        return
-    _run("clip_by_value_", device, backend, validate, tensors, float(clip_value))
+    _run("clip_by_value_", device, backend, validate, (tensors, float(clip_value)), None if tensors else _nothing)

@@ -42,7 +42,7 @@ def accumulate_(
     alpha_tensor: torch.Tensor | None,
     assign: bool,
 ) -> None:
-    for buf, grad in zip(bufs, grads):
+    for buf, grad in zip(bufs, grads, strict=True):
         dtype = _compute_dtype(buf, grad)
         buf.copy_(_accumulated(buf, grad, _alpha(alpha, alpha_tensor, dtype), assign, dtype))
 
@@ -71,7 +71,7 @@ def accumulate_final_(
     norm_type: float,
 ) -> None:
     stored = []
-    for buf, grad in zip(bufs, grads):
+    for buf, grad in zip(bufs, grads, strict=True):
         dtype = _compute_dtype(buf, grad)
         value = _accumulated(buf, grad, _alpha(alpha, alpha_tensor, dtype), assign, dtype)
         if inv_scale is not None:
