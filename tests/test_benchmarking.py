@@ -28,6 +28,7 @@ from gradacc_ext.benchmarking.workloads import (
 TINY = Workload("tiny", "test set", ((3, 5), (7,), (1,), (65537,), (33, 17)), 1.0)
 FAST_TIMING = timing.TimingConfig(warmup=1, min_reps=2, max_reps=3, min_time_s=0.0)
 NON_COMPILED = ("gradacc", "eager", "reference")
+COPY_REF = timing.CopyReference(torch.device("cpu"), 1 << 20)
 
 
 def gpt_numel(vocab: int, ctx: int, d: int, layers: int) -> int:
@@ -216,9 +217,10 @@ def test_mismatching_implementation_is_not_timed(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(runner, "build_impl", wrong_eager)
     config = runner.BenchConfig("cpu", [TINY], parse_operations("acc_fp32"), NON_COMPILED, FAST_TIMING, 1 << 20)
-    rows = {r["impl"]: r for r in runner.run_cell(TINY, OPERATIONS["acc_fp32"], config, 10.0, lambda _: None)}
+    rows = {r["impl"]: r for r in runner.run_cell(TINY, OPERATIONS["acc_fp32"], config, COPY_REF, lambda _: None)}
     assert rows["eager"]["status"].startswith("MISMATCH") and "median_s" not in rows["eager"]
     assert rows["gradacc"]["status"] == "ok" and rows["gradacc"]["median_s"] > 0
+    assert rows["gradacc"]["pct_copy"] == pytest.approx(100 * rows["gradacc"]["gbps"] / rows["gradacc"]["copy_gbps"])
 
 
 def test_run_and_write(tmp_path) -> None:
@@ -275,12 +277,12 @@ def test_gpu_targets() -> None:
 def test_skipped_cells_are_reported_not_run() -> None:
     fake_huge = Workload("fake-huge", "gpu-only stand-in", ((10,),), 1.0, gpu_only=True)
     config = runner.BenchConfig("cpu", [fake_huge], parse_operations("tail_adamw"), NON_COMPILED, FAST_TIMING, 1 << 20)
-    rows = runner.run_cell(fake_huge, OPERATIONS["tail_adamw"], config, 10.0, lambda _: None)
+    rows = runner.run_cell(fake_huge, OPERATIONS["tail_adamw"], config, COPY_REF, lambda _: None)
     assert all(r["status"].startswith("skipped") and "median_s" not in r for r in rows)
-    rows = runner.run_cell(fake_huge, OPERATIONS["norm"], config, 10.0, lambda _: None)
+    rows = runner.run_cell(fake_huge, OPERATIONS["norm"], config, COPY_REF, lambda _: None)
     status = {r["impl"]: r["status"].split(":")[0] for r in rows}
     assert status == {"gradacc": "ok", "eager": "skipped", "reference": "ok"}
     limited = runner.BenchConfig("cpu", [TINY], parse_operations("norm"), ("gradacc", "compile"), FAST_TIMING, 1 << 20,
                                  compile_max_tensors=TINY.num_tensors - 1)  # fmt: skip
-    rows = {r["impl"]: r for r in runner.run_cell(TINY, OPERATIONS["norm"], limited, 10.0, lambda _: None)}
+    rows = {r["impl"]: r for r in runner.run_cell(TINY, OPERATIONS["norm"], limited, COPY_REF, lambda _: None)}
     assert rows["compile"]["status"].startswith("skipped: compile") and rows["gradacc"]["median_s"] > 0

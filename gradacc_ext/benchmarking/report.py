@@ -35,8 +35,9 @@ def header(results: dict) -> list[str]:
         f"Device: {meta['device_name']}; torch {meta['torch_version']}{cuda}; commit {meta['commit']}; "
         f"date {meta['date']}{load_text}.",
         f"gradacc backend on this device: {meta['gradacc_backend']} ({meta['gradacc_backend_reason']}).",
-        f"Copy bandwidth: {copy['gbps']:.2f} GB/s (fp32 copy_ of {copy['bytes'] / 2 / 2**20:.0f} MiB, "
-        "bytes read + written).",
+        f"Copy bandwidth: {copy['gbps']:.2f} GB/s at the start (fp32 copy_ of {copy['bytes'] / 2 / 2**20:.0f} MiB, "
+        "bytes read + written); each cell's % copy uses the copy timed interleaved with that cell "
+        "(copy_gbps in the JSON).",
         f"Timing: median of >= {timing['min_reps']} repeats (>= {timing['min_time_s']:g} s, <= {timing['max_reps']}) "
         f"after {timing['warmup']} warm-up calls; implementations interleaved; GB/s from the byte model "
         "(benchmarks/NOTES.md).",

@@ -19,8 +19,8 @@ from .impls import IMPLS, build_impl
 from .operations import OPERATIONS, Operation
 from .state import GradState, make_state, needs_params
 from .timing import (
+    CopyReference,
     TimingConfig,
-    copy_bandwidth,
     count_launches,
     host_sync_check,
     rotation_bytes,
@@ -33,6 +33,7 @@ from .verify import RTOL, output_error
 from .workloads import Workload
 
 Log = Callable[[str], None]
+COPY = "copy_"  # the copy reference's key among a cell's interleaved functions
 
 
 @dataclass
@@ -42,7 +43,7 @@ class BenchConfig:
     operations: Sequence[Operation] = tuple(OPERATIONS.values())
     impls: Sequence[str] = IMPLS
     timing: TimingConfig = field(default_factory=TimingConfig)
-    copy_bytes: int | None = None  # default: timing.rotation_bytes
+    copy_bytes: int | None = None  # size of the copy's source; default: timing.rotation_bytes
     huge_peers: bool = False  # run eager/compile on tensors > 2**31 elements (torch #169930 may crash)
     # torch.compile of a 2,000-tensor list ran > 4 min for one op on 2 CPU cores without finishing: such
     # cells are skipped (and reported as skipped) unless this is raised.
@@ -146,7 +147,7 @@ def _skip_reason(name: str, workload: Workload, config: BenchConfig) -> str | No
     return None
 
 
-def run_cell(workload: Workload, op: Operation, config: BenchConfig, copy_gbps: float, log: Log) -> list[dict]:
+def run_cell(workload: Workload, op: Operation, config: BenchConfig, copy: CopyReference, log: Log) -> list[dict]:
     device = config.device
     bytes_moved = op.bytes_moved(workload.numel)
     n_sets = sets_needed(bytes_moved, device)
@@ -179,8 +180,11 @@ def run_cell(workload: Workload, op: Operation, config: BenchConfig, copy_gbps: 
             log(f"  {workload.name:11s} {op.key:10s} {name:9s} {row['status']}")
 
     fns = {name: (lambda i, f=impls[name]: f(states[i % n_sets])) for name in timed}
-    for name, times in time_interleaved(fns, device, config.timing).items():
+    times_of = time_interleaved({**fns, COPY: copy}, device, config.timing)
+    copy_gbps = copy.gbps(times_of.pop(COPY))
+    for name, times in times_of.items():
         row = timed[name]
+        row["copy_gbps"] = copy_gbps
         row.update(summarize(times))
         row["gbps"] = bytes_moved / row["median_s"] / 1e9
         row["pct_copy"] = 100.0 * row["gbps"] / copy_gbps
@@ -202,8 +206,10 @@ def run(config: BenchConfig, log: Log = print) -> dict:
     device = config.device
     meta = environment(device)
     log(f"device {meta['device_name']}, torch {meta['torch_version']}, gradacc backend: {meta['gradacc_backend']}")
-    copy = copy_bandwidth(device, config.copy_bytes or rotation_bytes(device), config.timing)
-    log(f"copy bandwidth: {copy['gbps']:.2f} GB/s ({copy['bytes'] / 2**20:.0f} MiB moved per copy)")
+    copy = CopyReference(device, config.copy_bytes or rotation_bytes(device))
+    copy_times = time_interleaved({COPY: copy}, device, config.timing)[COPY]
+    copy_summary = {"bytes": copy.bytes, "gbps": copy.gbps(copy_times), **summarize(copy_times)}
+    log(f"copy bandwidth: {copy_summary['gbps']:.2f} GB/s ({copy.bytes / 2**20:.0f} MiB moved per copy)")
     workloads = [w for w in config.workloads if not (w.gpu_only and device.type != "cuda")]
     skipped = [w.name for w in config.workloads if w not in workloads]
     if skipped:
@@ -213,13 +219,13 @@ def run(config: BenchConfig, log: Log = print) -> dict:
     for w in workloads:
         log(f"{w.name}: {w.summary()}")
         for op in config.operations:
-            cells += run_cell(w, op, config, copy["gbps"], log)
+            cells += run_cell(w, op, config, copy, log)
     meta["run_s"] = time.perf_counter() - t0
     meta["load_average_end"] = os.getloadavg()
     return {
         "meta": meta,
         "timing": vars(config.timing),
-        "copy": copy,
+        "copy": copy_summary,
         "workloads": [
             {
                 "name": w.name,

@@ -116,14 +116,25 @@ def summarize(times: list[float]) -> dict[str, float]:
     return {"median_s": statistics.median(times), "p10_s": q[0], "p90_s": q[-1], "reps": len(times)}
 
 
-def copy_bandwidth(device: torch.device, nbytes: int, cfg: TimingConfig) -> dict[str, float]:
-    """GB/s of a large fp32 dst.copy_(src), bytes read plus written, timed like every cell."""
-    n = nbytes // 4
-    gen = torch.Generator(device=device).manual_seed(12345)
-    src = torch.empty(n, dtype=torch.float32, device=device).normal_(generator=gen)
-    dst = torch.empty_like(src)
-    stats = summarize(time_interleaved({"copy": lambda i: dst.copy_(src)}, device, cfg)["copy"])
-    return {"bytes": 2 * n * 4, "gbps": 2 * n * 4 / stats["median_s"] / 1e9, **stats}
+class CopyReference:
+    """A large fp32 dst.copy_(src), charged bytes read plus written, timed like every cell.
+
+    Each cell times it interleaved with its implementations, so "% of copy"
+    compares numbers taken under the same machine conditions.
+    """
+
+    def __init__(self, device: torch.device, nbytes: int) -> None:
+        n = max(1, nbytes // 4)  # src is nbytes; one copy moves twice that
+        gen = torch.Generator(device=device).manual_seed(12345)
+        self.src = torch.empty(n, dtype=torch.float32, device=device).normal_(generator=gen)
+        self.dst = torch.empty_like(self.src)
+        self.bytes = 2 * n * 4
+
+    def __call__(self, _i: int) -> None:
+        self.dst.copy_(self.src)
+
+    def gbps(self, times: list[float]) -> float:
+        return self.bytes / summarize(times)["median_s"] / 1e9
 
 
 def count_launches(fn: Callable[[], object], device: torch.device) -> tuple[int, str]:
