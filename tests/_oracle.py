@@ -16,8 +16,9 @@ float64 then). Tolerances are derived from how the kernels round, not tuned:
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -225,3 +226,14 @@ def assert_per_tensor_norms(got: torch.Tensor, tensors: Sequence[torch.Tensor], 
     assert got.dtype == torch.float32 and got.shape == (len(tensors),), (got.dtype, got.shape)
     rtol = torch.tensor([norm_rtol([t.numel()]) for t in tensors], dtype=torch.float64)
     _check_norms(got, oracle_norms(tensors, norm_type), rtol, norm_type, "per-tensor norms")
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int) -> Iterator[None]:
+    """Runs the block with `n` torch CPU threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

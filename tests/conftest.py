@@ -6,6 +6,7 @@ import zlib
 
 import pytest
 import torch
+from _oracle import cpu_threads
 
 import gradacc_ext
 
@@ -46,3 +47,12 @@ def gen(request: pytest.FixtureRequest) -> torch.Generator:
     """A CPU generator seeded from the test id: every test (and parametrisation) draws its own
     fresh data, and a failure reproduces when the test is run alone."""
     return torch.Generator().manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture
+def one_cpu_thread():
+    """One torch CPU thread for the test. The float64 oracles issue thousands of small ops, and on a
+    busy 2-core machine each op of a 2-thread pool waits on an OpenMP barrier (100x slower). The
+    kernels' own threading is tested explicitly with _oracle.cpu_threads."""
+    with cpu_threads(1):
+        yield

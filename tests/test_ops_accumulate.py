@@ -18,15 +18,19 @@ from _oracle import (
     assert_close,
     assert_close_list,
     assert_norm_close,
+    cpu_threads,
     f64,
     name,
     rand,
+    rand_list,
     random_dtypes,
     small_sizes,
 )
 
 import gradacc_ext
 from gradacc_ext import reference
+
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")  # tests that need threads ask for them
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 # (grad dtype, buffer dtype): a buffer is fp32 or its grad's dtype
@@ -179,14 +183,11 @@ def test_accumulate_is_deterministic(device, backend, gen, op):
         gradacc_ext.accumulate_final_(bufs, grads, found, norm, 0.3, inv_scale=inv, backend=backend)
         return [*bufs, found, norm]
 
-    results = [run() for _ in range(3)]
+    with cpu_threads(2):
+        results = [run() for _ in range(3)]
     if backend == "ext":
-        threads = torch.get_num_threads()
-        try:
-            torch.set_num_threads(1)
+        with cpu_threads(1):
             results.append(run())
-        finally:
-            torch.set_num_threads(threads)
     for other in results[1:]:
         for i, (a, b) in enumerate(zip(results[0], other, strict=True)):
             assert_bitwise_equal(b, a, what=f"output {i}")
@@ -270,6 +271,26 @@ def test_accumulate_final_nonfinite(device, backend, gen, grad_dtype, buf_dtype,
         assert norm_out.isnan(), f"norm {norm_out.item()} should be NaN"
     else:
         assert norm_out.item() == math.inf
+
+
+@pytest.mark.parametrize("where", ["first_chunk", "last_chunk"])
+def test_found_inf_and_norm_on_two_threads(device, backend, gen, where):
+    """The chunks run on two CPU threads: a NaN in any chunk still raises found_inf (accumulate_final_
+    and unscale_) and reaches the norm, and every finite element still matches the oracle."""
+    sizes = [65537] * 6
+    tensor, elem = (0, 3) if where == "first_chunk" else (5, 65536)
+    with cpu_threads(2):
+        bufs, grads = make_lists([(n,) for n in sizes], [BF16, F16] * 3, [F32, F16] * 3, device, gen)
+        grads[tensor][elem] = math.nan
+        want, mags, found, norm_out = run_final(bufs, grads, "float", False, True, 0.0, L2, device, gen, backend)
+        assert found.item() == 1.0 and norm_out.isnan()
+        assert_close_list(bufs, want, mags, roundings=3, what="bufs")
+
+        tensors = rand_list(sizes, [F32, BF16] * 3, device, gen)
+        tensors[tensor][elem] = math.nan
+        found = torch.zeros(1, device=device)
+        gradacc_ext.unscale_(tensors, torch.full((), 0.5, device=device), found, backend=backend)
+        assert found.item() == 1.0
 
 
 @pytest.mark.parametrize("buf_dtype", [F32, F16], ids=name)

@@ -12,6 +12,7 @@ from _oracle import (
     assert_bitwise_equal,
     assert_norm_close,
     assert_per_tensor_norms,
+    cpu_threads,
     name,
     rand,
     rand_list,
@@ -20,6 +21,8 @@ from _oracle import (
 )
 
 import gradacc_ext
+
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")  # tests that need threads ask for them
 
 NORM_TYPES = [pytest.param(2.0, id="l2"), pytest.param(math.inf, id="linf")]
 KINDS = [*(name(d) for d in DTYPES), "mixed"]
@@ -124,15 +127,11 @@ def test_global_norm_is_deterministic(device, backend, gen, norm_type):
     """Bitwise-equal over three runs of a large list; the kernels also over CPU thread counts."""
     sizes = [*ODD_SIZES, 2_000_003, *small_sizes(gen, count=300)]
     tensors = rand_list(sizes, random_dtypes(gen, len(sizes)), device, gen)
-    runs = [gradacc_ext.global_norm(tensors, norm_type, per_tensor=True, backend=backend) for _ in range(3)]
+    with cpu_threads(2):
+        runs = [gradacc_ext.global_norm(tensors, norm_type, per_tensor=True, backend=backend) for _ in range(3)]
     if backend == "ext":
-        threads = torch.get_num_threads()
-        try:
-            for n in (1, 2):
-                torch.set_num_threads(n)
-                runs.append(gradacc_ext.global_norm(tensors, norm_type, per_tensor=True, backend=backend))
-        finally:
-            torch.set_num_threads(threads)
+        with cpu_threads(1):
+            runs.append(gradacc_ext.global_norm(tensors, norm_type, per_tensor=True, backend=backend))
     for total, each in runs[1:]:
         assert_bitwise_equal(total, runs[0][0], what="total")
         assert_bitwise_equal(each, runs[0][1], what="per-tensor")

@@ -27,6 +27,8 @@ from _oracle import (
 import gradacc_ext
 from gradacc_ext.ops import DEFAULT_EPS
 
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")  # the kernels' threading: see the determinism tests
+
 KINDS = [*(name(d) for d in DTYPES), "mixed"]
 LAYOUTS = ["odd", "many", "unaligned", "empties"]
 
