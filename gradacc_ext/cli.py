@@ -244,6 +244,13 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         "--timing-steps", type=int_at_least(1), default=d.timing_steps, help="optimizer steps timed per backend"
     )
     p.add_argument(
+        "--threads",
+        type=int_at_least(1),
+        default=d.threads,
+        metavar="N",
+        help="torch CPU threads (default 1: the demo's tensors are too small to gain from more)",
+    )
+    p.add_argument(
         "--check-steps", type=int_at_least(1), default=d.check_steps, help="optimizer steps of the equivalence check"
     )
 
@@ -277,6 +284,7 @@ def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         max_len=args.max_len,
         timing_steps=args.timing_steps,
         check_steps=args.check_steps,
+        threads=args.threads,
     )
     return demo.run(cfg)
 

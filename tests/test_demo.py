@@ -174,3 +174,8 @@ def test_progress_redraws_one_line_on_a_tty():
         screen = frame + screen[len(frame) :]
     assert "4/4 100%" in screen and screen.rstrip().endswith(" x")
     assert "xx" not in screen  # no residue of the longer earlier statuses
+
+
+def test_moving_average_is_a_trailing_mean():
+    assert demo_plot.moving_average([1.0, 2.0, 3.0, 4.0, 10.0], 2) == [1.0, 1.5, 2.5, 3.5, 7.0]
+    assert demo_plot.moving_average([5.0, 1.0], 1) == [5.0, 1.0]
