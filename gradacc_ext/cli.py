@@ -206,21 +206,28 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     from .demo import LOSS_NORMS, DemoConfig
 
     d = DemoConfig()
-    p.add_argument("--batch-size", type=int_at_least(1), default=d.batch_size, help="micro-batch size (sequences)")
     p.add_argument(
-        "--grad-accum-steps", type=int_at_least(1), default=d.grad_accum_steps, help="micro-batches per optimizer step"
+        "--batch-size", type=int_at_least(1), metavar="N", default=d.batch_size, help="micro-batch size (sequences)"
     )
-    p.add_argument("--steps", type=int_at_least(1), default=d.steps, help="optimizer steps")
-    p.add_argument("--lr", type=float_above(0), default=d.lr, help="peak AdamW learning rate")
+    p.add_argument(
+        "--grad-accum-steps",
+        type=int_at_least(1),
+        metavar="N",
+        default=d.grad_accum_steps,
+        help="micro-batches per optimizer step",
+    )
+    p.add_argument("--steps", type=int_at_least(1), metavar="N", default=d.steps, help="optimizer steps")
+    p.add_argument("--lr", type=float_above(0), metavar="X", default=d.lr, help="peak AdamW learning rate")
     p.add_argument("--amp", choices=("no", "fp16", "bf16"), default=d.amp, help="autocast precision")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument(
         "--max-grad-norm",
+        metavar="X",
         type=float_above(0, inclusive=True, note=" (0 disables clipping)"),
         default=d.max_grad_norm,
         help="clip the global grad norm to this; 0 disables",
     )
-    p.add_argument("--seed", type=int_at_least(0), default=d.seed)
+    p.add_argument("--seed", type=int_at_least(0), metavar="N", default=d.seed, help="seed of the model and the data")
     p.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda when available, else cpu")
     p.add_argument(
         "--backend",
@@ -228,7 +235,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         default=d.backend,
         help="ops backend for the training run (the timing compares auto with torch)",
     )
-    p.add_argument("--out", type=Path, default=d.out, help="PNG path of the loss curve")
+    p.add_argument("--out", type=Path, metavar="PNG", default=d.out, help="PNG path of the loss curve")
     p.add_argument("--no-plot", action="store_true", help="do not write the loss curve")
     p.add_argument(
         "--loss-norm",
@@ -237,11 +244,17 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         help="tokens: token-sum losses over the window's token count (exact); mean-of-means: the "
         "common bug of averaging micro-batch means, which the equivalence check reports",
     )
-    p.add_argument("--d-model", type=int_at_least(4), default=d.d_model, help="model width (a multiple of 4)")
-    p.add_argument("--n-layers", type=int_at_least(1), default=d.n_layers)
-    p.add_argument("--max-len", type=int_at_least(8), default=d.max_len, help="longest sequence (tokens)")
     p.add_argument(
-        "--timing-steps", type=int_at_least(1), default=d.timing_steps, help="optimizer steps timed per backend"
+        "--d-model", type=int_at_least(4), metavar="N", default=d.d_model, help="model width (a multiple of 4)"
+    )
+    p.add_argument("--n-layers", type=int_at_least(1), metavar="N", default=d.n_layers, help="transformer blocks")
+    p.add_argument("--max-len", type=int_at_least(8), metavar="N", default=d.max_len, help="longest sequence (tokens)")
+    p.add_argument(
+        "--timing-steps",
+        type=int_at_least(1),
+        metavar="N",
+        default=d.timing_steps,
+        help="optimizer steps timed per backend",
     )
     p.add_argument(
         "--threads",
@@ -251,7 +264,11 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         help="torch CPU threads (default 1: the demo's tensors are too small to gain from more)",
     )
     p.add_argument(
-        "--check-steps", type=int_at_least(1), default=d.check_steps, help="optimizer steps of the equivalence check"
+        "--check-steps",
+        type=int_at_least(1),
+        metavar="N",
+        default=d.check_steps,
+        help="optimizer steps of the equivalence check",
     )
 
 
@@ -298,20 +315,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gradacc_ext {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{info,plan,bench,demo}", required=True)
+    defaults = {"formatter_class": argparse.ArgumentDefaultsHelpFormatter}
 
-    info = sub.add_parser("info", help="versions, compiled GPU archs and the backend each op uses")
+    info = sub.add_parser("info", **defaults, help="versions, compiled GPU archs and the backend each op uses")
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
     info.set_defaults(handler=cmd_info, parser=info)
 
-    plan = sub.add_parser("plan", help="accumulation steps, effective batch and scaled LR for a target batch")
+    plan = sub.add_parser(
+        "plan", **defaults, help="accumulation steps, effective batch and scaled LR for a target batch"
+    )
     add_plan_arguments(plan)
     plan.set_defaults(handler=cmd_plan, parser=plan)
 
-    bench = sub.add_parser("bench", help="the quick benchmark table on this machine")
+    bench = sub.add_parser("bench", **defaults, help="the quick benchmark table on this machine")
     bench.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda when available, else cpu")
     bench.set_defaults(handler=cmd_bench, parser=bench)
 
-    demo = sub.add_parser("demo", help="train a tiny causal LM with accumulation and verify it is exact")
+    demo = sub.add_parser("demo", **defaults, help="train a tiny causal LM with accumulation and verify it is exact")
     add_demo_arguments(demo)
     demo.set_defaults(handler=cmd_demo, parser=demo)
     return parser

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -231,3 +232,14 @@ def test_bench_rejects_unknown_devices(capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_bench_on_cuda_without_cuda_is_a_usage_error(capsys):
     expect_usage_error(capsys, "--device cuda: CUDA is not available", "bench", "--device", "cuda")
+
+
+def test_info_without_the_extension_names_the_reason_and_the_fallback():
+    env = {**os.environ, "GRADACC_NO_EXT": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "gradacc_ext", "info", "--json"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["extension_loaded"] is False and "GRADACC_NO_EXT=1" in info["load_reason"]
+    assert {choice["backend"] for choice in info["backends"]["cpu"].values()} == {"torch"}
