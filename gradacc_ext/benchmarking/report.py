@@ -130,7 +130,9 @@ def plot(results: dict, path: Path) -> None:
         for k, impl in enumerate(impls):
             values = [cells.get((w, op, impl), {}).get("gbps", 0.0) for op in ops]
             ax.bar([i + k * width for i in range(len(ops))], values, width, label=IMPL_TITLES[impl])
-        ax.axhline(results["copy"]["gbps"], color="black", linestyle="--", linewidth=1, label="copy bandwidth")
+        ax.axhline(
+            results["copy"]["gbps"], color="black", linestyle="--", linewidth=1, label="copy bandwidth (run start)"
+        )
         ax.set_yscale("log")
         ax.set_xticks([i + width * (len(impls) - 1) / 2 for i in range(len(ops))], ops)
         ax.set_ylabel("GB/s (byte model)")
