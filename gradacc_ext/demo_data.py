@@ -84,10 +84,3 @@ def make_batch(config: TaskConfig, batch_size: int, generator: torch.Generator) 
     lengths = torch.randint(config.min_len, config.max_len + 1, (batch_size,), generator=generator)
     tokens = tokens.masked_fill(steps >= lengths.unsqueeze(1), PAD)
     return Batch(tokens, lengths)
-
-
-def batch_stream(config: TaskConfig, batch_size: int, seed: int):
-    """An endless, reproducible stream of batches of `batch_size` sequences."""
-    generator = torch.Generator().manual_seed(seed)
-    while True:
-        yield make_batch(config, batch_size, generator)
