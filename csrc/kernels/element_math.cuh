@@ -81,9 +81,13 @@ GRADACC_HD bool is_finite(float x) {
 
 GRADACC_HD bool is_nan(float x) { return (float_bits(x) & 0x7FFFFFFFu) > 0x7F800000u; }
 
-// max that propagates NaN (fmaxf drops it, which would hide a NaN from the
-// inf-norm and from the found-inf logic built on it).
-GRADACC_HD float max_nan(float a, float b) { return (a > b || is_nan(a)) ? a : b; }
+// max of two non-negative values (|x|, or a NaN with its sign bit cleared)
+// that propagates NaN: for such values the bit patterns order like the
+// numbers, and every NaN pattern is above +Inf's. fmaxf would drop the NaN
+// and hide it from the inf-norm and the found-inf logic built on it. An
+// integer max also vectorises on the CPU, where a float compare-and-branch
+// does not.
+GRADACC_HD float max_abs_nan(float a, float b) { return float_bits(a) > float_bits(b) ? a : b; }
 
 GRADACC_HD float abs_f(float x) { return bits_float(float_bits(x) & 0x7FFFFFFFu); }
 
@@ -174,11 +178,11 @@ struct NormAcc {
 GRADACC_HD NormAcc norm_acc_init() { return NormAcc{0.0f, 0.0f}; }
 
 GRADACC_HD NormAcc norm_acc_add(NormAcc a, float x) {
-  return NormAcc{add_rn(a.sumsq, mul_rn(x, x)), max_nan(a.maxabs, abs_f(x))};
+  return NormAcc{add_rn(a.sumsq, mul_rn(x, x)), max_abs_nan(a.maxabs, abs_f(x))};
 }
 
 GRADACC_HD NormAcc norm_acc_merge(NormAcc a, NormAcc b) {
-  return NormAcc{add_rn(a.sumsq, b.sumsq), max_nan(a.maxabs, b.maxabs)};
+  return NormAcc{add_rn(a.sumsq, b.sumsq), max_abs_nan(a.maxabs, b.maxabs)};
 }
 
 GRADACC_HD float norm_acc_result(NormAcc a, NormKind kind) {
