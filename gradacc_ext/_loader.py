@@ -39,9 +39,9 @@ def _load() -> tuple[ModuleType | None, dict[str, Any] | None, str]:
     """Returns (module or None, recorded build config, reason for the state)."""
     config = _recorded_config()
     if _flag(DISABLE_ENV):
-        return None, config, f"{DISABLE_ENV}=1 is set: using the pure-PyTorch reference"
+        return None, config, f"{DISABLE_ENV}=1 is set"
     if config is None:
-        return None, None, "gradacc_ext was not built (no _build_config.py): using the pure-PyTorch reference"
+        return None, None, "gradacc_ext was not built (no _build_config.py)"
     if not config.get("extension"):
         return None, config, "gradacc_ext was installed without its extension (GRADACC_NO_EXT=1 at build time)"
     built, running = config.get("torch_version"), running_torch_version()
