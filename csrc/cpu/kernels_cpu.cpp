@@ -19,20 +19,23 @@ namespace {
 constexpr int kLanes = 16;
 
 template <typename T>
-NormAcc reduce_norm(const T* x, int64_t n) {
+NormAcc reduce_norm(const T* __restrict x, int64_t n) {
+  // norm_acc_add written out on plain arrays (max_abs_nan as an integer max
+  // of |x|'s bits): the same arithmetic, in a shape GCC vectorises.
   float sumsq[kLanes] = {};
-  float maxabs[kLanes] = {};
+  uint32_t maxbits[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (int l = 0; l < kLanes; ++l) {
-      const NormAcc a = norm_acc_add(NormAcc{sumsq[l], maxabs[l]}, Elem<T>::load(x[i + l]));
-      sumsq[l] = a.sumsq;
-      maxabs[l] = a.maxabs;
+      const float v = Elem<T>::load(x[i + l]);
+      sumsq[l] = add_rn(sumsq[l], mul_rn(v, v));
+      const uint32_t b = float_bits(v) & 0x7FFFFFFFu;
+      maxbits[l] = b > maxbits[l] ? b : maxbits[l];
     }
   }
   NormAcc total = norm_acc_init();
   for (; i < n; ++i) total = norm_acc_add(total, Elem<T>::load(x[i]));
-  for (int l = 0; l < kLanes; ++l) total = norm_acc_merge(total, NormAcc{sumsq[l], maxabs[l]});
+  for (int l = 0; l < kLanes; ++l) total = norm_acc_merge(total, NormAcc{sumsq[l], bits_float(maxbits[l])});
   return total;
 }
 
