@@ -92,3 +92,55 @@ def check_accumulate(
 def check_positive(op: str, arg: str, value: float) -> None:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{op}: {arg} must be finite and > 0, got {value}")
+
+
+# ---- One validator per op: used by the reference path (ops.py) and the fake
+# kernels (_fake.py), so both enforce exactly what csrc/binding.cpp does. ----
+
+
+def check_accumulate_final(
+    op: str,
+    bufs: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor],
+    alpha: float,
+    alpha_tensor: torch.Tensor | None,
+    inv_scale: torch.Tensor | None,
+    found_inf: torch.Tensor,
+    norm_out: torch.Tensor,
+    norm_type: float,
+) -> None:
+    check_accumulate(op, bufs, grads, alpha, alpha_tensor)
+    device = list_device(list(bufs) or list(grads), norm_out)
+    check_scalar(op, "found_inf", found_inf, device)
+    check_scalar(op, "norm_out", norm_out, device)
+    if inv_scale is not None:
+        check_scalar(op, "inv_scale", inv_scale, device)
+    check_norm_type(op, float(norm_type))
+
+
+def check_global_norm(op: str, tensors: Sequence[torch.Tensor], norm_type: float) -> None:
+    check_list(op, "tensors", tensors, list_device(tensors))
+    check_norm_type(op, float(norm_type))
+
+
+def check_unscale(op: str, tensors: Sequence[torch.Tensor], inv_scale: torch.Tensor, found_inf: torch.Tensor) -> None:
+    device = list_device(tensors, found_inf)
+    check_list(op, "tensors", tensors, device)
+    check_scalar(op, "inv_scale", inv_scale, device)
+    check_scalar(op, "found_inf", found_inf, device)
+
+
+def check_clip_by_norm(
+    op: str, tensors: Sequence[torch.Tensor], total_norm: torch.Tensor, max_norm: float, eps: float
+) -> None:
+    device = list_device(tensors, total_norm)
+    check_list(op, "tensors", tensors, device)
+    check_scalar(op, "total_norm", total_norm, device)
+    check_positive(op, "max_norm", float(max_norm))
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"{op}: eps must be finite and >= 0, got {eps}")
+
+
+def check_clip_by_value(op: str, tensors: Sequence[torch.Tensor], clip_value: float) -> None:
+    check_list(op, "tensors", tensors, list_device(tensors))
+    check_positive(op, "clip_value", float(clip_value))

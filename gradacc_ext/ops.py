@@ -14,7 +14,6 @@ host, so all are CUDA-graph capturable on the compiled path.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Literal
 
@@ -143,12 +142,9 @@ def accumulate_final_(
     device = _checks.list_device(bufs or grads, norm_out)
 
     def validate() -> None:
-        _checks.check_accumulate(op, bufs, grads, alpha, alpha_tensor)
-        _checks.check_scalar(op, "found_inf", found_inf, device)
-        _checks.check_scalar(op, "norm_out", norm_out, device)
-        if inv_scale is not None:
-            _checks.check_scalar(op, "inv_scale", inv_scale, device)
-        _checks.check_norm_type(op, float(norm_type))
+        _checks.check_accumulate_final(
+            op, bufs, grads, alpha, alpha_tensor, inv_scale, found_inf, norm_out, float(norm_type)
+        )
 
     empty = norm_out.zero_ if not bufs and not grads else None  # the norm of nothing is 0
     args = (bufs, grads, alpha, alpha_tensor, assign, inv_scale, found_inf, norm_out, float(norm_type))
@@ -172,8 +168,7 @@ def global_norm(
     device = _checks.list_device(tensors)
 
     def validate() -> None:
-        _checks.check_list(op, "tensors", tensors, device)
-        _checks.check_norm_type(op, float(norm_type))
+        _checks.check_global_norm(op, tensors, float(norm_type))
 
     def empty_norms() -> tuple[torch.Tensor, torch.Tensor]:
         return torch.zeros((), dtype=torch.float32), torch.zeros(0, dtype=torch.float32)
@@ -196,9 +191,7 @@ def unscale_(
     device = _checks.list_device(tensors, found_inf)
 
     def validate() -> None:
-        _checks.check_list(op, "tensors", tensors, device)
-        _checks.check_scalar(op, "inv_scale", inv_scale, device)
-        _checks.check_scalar(op, "found_inf", found_inf, device)
+        _checks.check_unscale(op, tensors, inv_scale, found_inf)
 
     _run("unscale_", device, backend, validate, (tensors, inv_scale, found_inf), None if tensors else _nothing)
 
@@ -217,11 +210,7 @@ def clip_by_norm_(
     device = _checks.list_device(tensors, total_norm)
 
     def validate() -> None:
-        _checks.check_list(op, "tensors", tensors, device)
-        _checks.check_scalar(op, "total_norm", total_norm, device)
-        _checks.check_positive(op, "max_norm", float(max_norm))
-        if not (math.isfinite(eps) and eps >= 0):
-            raise ValueError(f"{op}: eps must be finite and >= 0, got {eps}")
+        _checks.check_clip_by_norm(op, tensors, total_norm, float(max_norm), float(eps))
 
     args = (tensors, total_norm, float(max_norm), float(eps))
     _run("clip_by_norm_", device, backend, validate, args, None if tensors else _nothing)
@@ -255,7 +244,6 @@ def clip_by_value_(
     device = _checks.list_device(tensors)
 
     def validate() -> None:
-        _checks.check_list(op, "tensors", tensors, device)
-        _checks.check_positive(op, "clip_value", float(clip_value))
+        _checks.check_clip_by_value(op, tensors, float(clip_value))
 
     _run("clip_by_value_", device, backend, validate, (tensors, float(clip_value)), None if tensors else _nothing)
