@@ -2,7 +2,7 @@
 //
 // Schemas live here alone; CPU kernels in cpu/, CUDA kernels in kernels/ with
 // their registration in cuda/register_cuda.cpp; fake kernels and the
-// pure-PyTorch reference in gradacc_ext/_fake.py and gradacc_ext/reference.py.
+// pure-PyTorch reference in gradacc_ext/ops/_fake.py and gradacc_ext/ops/reference.py.
 #include <ATen/ATen.h>
 #include <torch/extension.h>
 #include <torch/library.h>

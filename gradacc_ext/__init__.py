@@ -7,10 +7,7 @@ reference when the extension is not built (or with backend="torch").
 
 from __future__ import annotations
 
-from ._loader import build_info, extension_has_cuda, extension_loaded
-from .accumulator import GradientAccumulator
-from .adaptive import AdaptiveGradientAccumulator
-from .config import GradientAccumulationConfig
+from .accumulate import AdaptiveGradientAccumulator, GradientAccumulationConfig, GradientAccumulator, StepInfo
 from .ops import (
     accumulate_,
     accumulate_final_,
@@ -21,13 +18,13 @@ from .ops import (
     resolve_backend,
     unscale_,
 )
+from .ops._loader import build_info, extension_has_cuda, extension_loaded
 from .planning import AccumulationPlan, plan_accumulation, probe_max_micro_batch_size, scale_lr_linear, scale_lr_sqrt
-from .stats import StepInfo
 
 __version__ = "0.1.0"
 
 if extension_loaded():
-    from . import _fake
+    from .ops import _fake
 
     _fake.register()
 

@@ -16,7 +16,7 @@ from typing import Literal
 
 import torch
 
-from .config import GradientAccumulationConfig
+from .accumulate.config import GradientAccumulationConfig
 
 Rounding = Literal["nearest", "down", "up"]
 

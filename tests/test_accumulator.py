@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gradacc_ext.accumulator import GradientAccumulator
-from gradacc_ext.config import GradientAccumulationConfig
+from gradacc_ext.accumulate.accumulator import GradientAccumulator
+from gradacc_ext.accumulate.config import GradientAccumulationConfig
 
 TOL = {torch.float64: dict(rtol=1e-10, atol=1e-12), torch.float32: dict(rtol=2e-5, atol=2e-6)}
 IN, HIDDEN, OUT = 5, 7, 3

@@ -20,8 +20,8 @@ from test_accumulator import (
     reference_run,
 )
 
-from gradacc_ext.accumulator import GradientAccumulator
-from gradacc_ext.config import GradientAccumulationConfig
+from gradacc_ext.accumulate.accumulator import GradientAccumulator
+from gradacc_ext.accumulate.config import GradientAccumulationConfig
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
 

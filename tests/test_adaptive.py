@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from test_accumulator import TOL, assert_params_close, make_batches, padded_batches, token_sum
 
-from gradacc_ext.accumulator import GradientAccumulator
-from gradacc_ext.adaptive import AdaptiveGradientAccumulator, split_batch
-from gradacc_ext.config import GradientAccumulationConfig
+from gradacc_ext.accumulate.accumulator import GradientAccumulator
+from gradacc_ext.accumulate.adaptive import AdaptiveGradientAccumulator, split_batch
+from gradacc_ext.accumulate.config import GradientAccumulationConfig
 
 IN, OUT = 5, 3
 

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import gradacc_ext
-from gradacc_ext import envinfo, probe
-from gradacc_ext.cli import main
+from gradacc_ext.cli import envinfo, main, probe
 
 
 def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:

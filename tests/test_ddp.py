@@ -20,8 +20,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from test_accumulator import IN, OUT, make_model, padded_batches, token_sum
 
-from gradacc_ext.accumulator import GradientAccumulator
-from gradacc_ext.config import GradientAccumulationConfig
+from gradacc_ext.accumulate.accumulator import GradientAccumulator
+from gradacc_ext.accumulate.config import GradientAccumulationConfig
 
 WORLD, N, MICRO, SEED = 2, 3, 7, 123
 DTYPE = torch.float64

@@ -8,11 +8,10 @@ import re
 import pytest
 import torch
 
-from gradacc_ext import demo_plot
-from gradacc_ext.accumulator import GradientAccumulator
-from gradacc_ext.cli import main
-from gradacc_ext.demo_data import PAD, TaskConfig, make_batch
-from gradacc_ext.progress import Progress
+from gradacc_ext.accumulate.accumulator import GradientAccumulator
+from gradacc_ext.cli import demo_plot, main
+from gradacc_ext.cli.demo_data import PAD, TaskConfig, make_batch
+from gradacc_ext.cli.progress import Progress
 
 TINY = ("--d-model", "16", "--n-layers", "1", "--max-len", "16", "--timing-steps", "1", "--check-steps", "2")
 

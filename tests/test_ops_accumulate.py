@@ -28,7 +28,7 @@ from _oracle import (
 )
 
 import gradacc_ext
-from gradacc_ext import reference
+from gradacc_ext.ops import reference
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")  # tests that need threads ask for them
 

@@ -12,7 +12,7 @@ import torch
 from _oracle import assert_bitwise_equal, rand, rand_list
 
 import gradacc_ext
-from gradacc_ext import _loader
+from gradacc_ext.ops import _loader
 
 needs_ext = pytest.mark.skipif(
     not gradacc_ext.extension_loaded(), reason=f"extension not loaded: {_loader.LOAD_REASON}"
@@ -219,7 +219,7 @@ def test_loader_reports_the_other_reasons(monkeypatch):
 
 def load_loader_copy() -> ModuleType:
     """Runs _loader.py's import-time logic again, as a separate module: the real one is untouched."""
-    spec = importlib.util.spec_from_file_location("gradacc_ext._loader_probe", _loader.__file__)
+    spec = importlib.util.spec_from_file_location("gradacc_ext.ops._loader_probe", _loader.__file__)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gradacc_ext.config import GradientAccumulationConfig
+from gradacc_ext.accumulate.config import GradientAccumulationConfig
 from gradacc_ext.planning import (
     AccumulationPlan,
     plan_accumulation,

@@ -12,9 +12,9 @@ from contextlib import nullcontext
 
 import torch
 
+from ..planning import probe_max_micro_batch_size
 from .demo_data import Batch
 from .demo_model import ModelConfig, TinyCausalLM, token_loss_sum
-from .planning import probe_max_micro_batch_size
 
 PRESETS = {
     "demo": ModelConfig(),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from . import __version__
+from .. import __version__
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -114,7 +114,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from . import planning
+    from .. import planning
 
     if (args.base_lr is None) != (args.base_batch is None):
         parser.error("--base-lr and --base-batch go together: the LR and the effective batch it was tuned for")
@@ -191,7 +191,7 @@ def render_plan(result: dict) -> str:
 
 
 def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from . import benchmarking
+    from .. import benchmarking
 
     device = resolve_device(parser, args.device)
     print(f"running the quick benchmark on {device} (the full harness: python benchmarks/compare.py)...", flush=True)
@@ -273,8 +273,8 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from ..ops import resolve_backend
     from . import demo
-    from .ops import resolve_backend
 
     if args.d_model % 4:
         parser.error(f"--d-model must be a multiple of 4 (the head count), got {args.d_model}")

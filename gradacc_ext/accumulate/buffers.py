@@ -15,7 +15,8 @@ from types import SimpleNamespace
 
 import torch
 
-from . import ops, reference
+from .. import ops
+from ..ops import reference
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 

@@ -35,10 +35,10 @@ from typing import Any
 
 import torch
 
-from ._buffers import GradBuffers
-from ._grad_sync import FSDP2Sync, grad_sync_for
-from ._loss_scale import LossScale
+from ..distributed.grad_sync import FSDP2Sync, grad_sync_for
+from .buffers import GradBuffers
 from .config import GradientAccumulationConfig
+from .loss_scale import LossScale
 from .stats import GB, AccumulatorStats, StepInfo
 
 STATE_VERSION = 1

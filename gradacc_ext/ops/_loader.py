@@ -25,7 +25,7 @@ def _flag(name: str) -> bool:
 
 def _recorded_config() -> dict[str, Any] | None:
     try:
-        from ._build_config import BUILD_CONFIG
+        from .._build_config import BUILD_CONFIG
     except ImportError:
         return None
     return dict(BUILD_CONFIG)

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ._buffers import GradBuffers
+if TYPE_CHECKING:  # the accumulator passes its buffers in; no runtime import back into accumulate/
+    from ..accumulate.buffers import GradBuffers
 
 
 class LocalSync:

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from . import __version__, build_info
-from .ops import resolve_backend
+from .. import __version__, build_info
+from ..ops import resolve_backend
 
 OPS = ("accumulate_", "accumulate_final_", "global_norm", "unscale_", "clip_by_norm_", "clip_by_value_")
 _ARCH = re.compile(r"^(\d+)\.(\d+)([a-z]?)(\+PTX)?$")

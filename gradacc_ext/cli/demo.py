@@ -29,12 +29,12 @@ from typing import TextIO
 import torch
 from torch import nn
 
-from .accumulator import GradientAccumulator
-from .config import GradientAccumulationConfig
+from ..accumulate.accumulator import GradientAccumulator
+from ..accumulate.config import GradientAccumulationConfig
+from ..ops import resolve_backend
 from .demo_data import Batch, TaskConfig, make_batch
 from .demo_model import ModelConfig, TinyCausalLM, token_loss_sum
 from .demo_plot import write_loss_png
-from .ops import resolve_backend
 from .progress import Progress
 
 LOSS_NORMS = ("tokens", "mean-of-means")

@@ -1,0 +1,1 @@
+"""Gradient synchronisation across ranks: DDP, FSDP2 and the single-process case."""

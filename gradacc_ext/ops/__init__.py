@@ -1,0 +1,32 @@
+"""The op layer: fused multi-tensor ops, their checks, fake kernels and pure-PyTorch reference.
+
+`gradacc_ext.ops.<op>` dispatches to the CUDA kernels, the C++ CPU kernels or the reference
+(api.py); `reference` is the test oracle and the fallback; `_checks` validates arguments for
+every backend; `_fake` registers the fake kernels; `_loader` loads the compiled extension.
+"""
+
+from .api import (
+    BACKENDS,
+    DEFAULT_EPS,
+    accumulate_,
+    accumulate_final_,
+    clip_by_norm_,
+    clip_by_value_,
+    clip_grad_norm_,
+    global_norm,
+    resolve_backend,
+    unscale_,
+)
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_EPS",
+    "accumulate_",
+    "accumulate_final_",
+    "clip_by_norm_",
+    "clip_by_value_",
+    "clip_grad_norm_",
+    "global_norm",
+    "resolve_backend",
+    "unscale_",
+]
