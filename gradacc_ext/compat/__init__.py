@@ -5,7 +5,18 @@ Everything here is a thin layer over gradacc_ext.GradientAccumulator; the
 aliases and the guides' disagreements are resolved in compat.config.
 """
 
+from .accumulator import AdaptiveGradientAccumulator, GradientAccumulator
 from .config import GradientAccumulationConfig, create_accumulation_config
 from .devices import MemoryMonitor
+from .manager import GradientAccumulationManager
+from .trainer import GradientAccumulationTrainer
 
-__all__ = ["GradientAccumulationConfig", "MemoryMonitor", "create_accumulation_config"]
+__all__ = [
+    "AdaptiveGradientAccumulator",
+    "GradientAccumulationConfig",
+    "GradientAccumulationManager",
+    "GradientAccumulationTrainer",
+    "GradientAccumulator",
+    "MemoryMonitor",
+    "create_accumulation_config",
+]
