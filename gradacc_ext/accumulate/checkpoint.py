@@ -15,7 +15,7 @@ from .stats import AccumulatorStats
 from .stepper import OptimizerStepper
 from .window import Window
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the deferred (fused) step's outcome is saved, not resolved; 1 loads too
 
 
 class Checkpoint:
@@ -38,9 +38,10 @@ class Checkpoint:
         self.stepper = stepper
 
     def state_dict(self) -> dict[str, Any]:
-        self.stepper.resolve()
+        """Changes nothing: a pending scheduler decision is saved as it is, never taken here."""
         return {
             "version": STATE_VERSION,
+            "pending_step_skipped": self.stepper.pending_state(),
             "accumulation_steps": self.config.accumulation_steps,
             "loss_normalization": self.config.loss_normalization,
             **self.window.state_dict(),
@@ -51,7 +52,7 @@ class Checkpoint:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Checks everything before changing anything, so a rejected state leaves the accumulator as it was."""
-        if state.get("version") != STATE_VERSION:
+        if state.get("version") not in (1, STATE_VERSION):
             raise ValueError(f"GradientAccumulator.load_state_dict: unknown state version {state.get('version')!r}")
         for key in ("accumulation_steps", "loss_normalization"):
             mine = getattr(self.config, key)
@@ -69,5 +70,5 @@ class Checkpoint:
         self.stats.load_counters(state["stats"])
         if self.loss_scale is not None:
             self.loss_scale.load_state_dict(state["loss_scale"])
-        self.stepper.forget()
+        self.stepper.restore(state.get("pending_step_skipped"))
 
