@@ -12,6 +12,7 @@ so every optimizer step uses exactly the learning rate of the plain loop.
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Any
 
@@ -99,5 +100,7 @@ class OptimizerStepper:
         if not skipped and self.scheduler is not None:
             with warnings.catch_warnings():
                 if restored:  # its optimizer step ran before the checkpoint, so torch's order check misfires
-                    warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before")
+                    warnings.filterwarnings(
+                        "ignore", message=re.escape("Detected call of `lr_scheduler.step()` before")
+                    )
                 self.scheduler.step()
