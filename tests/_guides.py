@@ -17,9 +17,13 @@ import torch.nn.functional as F
 IN, CLASSES = 6, 4
 
 
-def make_model(seed: int) -> torch.nn.Module:
+def make_model(seed: int, gain: float = 1.0) -> torch.nn.Module:
+    """gain scales the last layer's initial weights (a large gain gives gradient norms above 1)."""
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(IN, 8), torch.nn.Tanh(), torch.nn.Linear(8, CLASSES)).double()
+    model = torch.nn.Sequential(torch.nn.Linear(IN, 8), torch.nn.Tanh(), torch.nn.Linear(8, CLASSES)).double()
+    with torch.no_grad():
+        model[2].weight.mul_(gain)
+    return model
 
 
 def make_batches(n: int, size: int, seed: int, scale: float = 1.0) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -13,9 +13,9 @@ import torch
 from _guides import TargetsAlongside, assert_same_params, hand_loop, make_batches, make_model, run_snippet
 
 
-def guide_setup(seed: int, n_batches: int, size: int, scale: float = 1.0):
-    model, twin = make_model(seed), make_model(seed)
-    batches = make_batches(n_batches, size, seed + 1, scale)
+def guide_setup(seed: int, n_batches: int, size: int, gain: float = 1.0):
+    model, twin = make_model(seed, gain), make_model(seed, gain)
+    batches = make_batches(n_batches, size, seed + 1)
     names = dict(
         model=model,
         optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
@@ -151,6 +151,7 @@ for batch in dataloader:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the GPU-less behaviour")
+@pytest.mark.filterwarnings("ignore:.*CUDA is not available")
 def test_seed000_mixed_precision_without_a_gpu_warns_that_no_autocast_ran():
     from gradacc_ext.compat import GradientAccumulationConfig, GradientAccumulator
 
@@ -220,7 +221,7 @@ print(f"Adaptive accumulation: {config['adaptive_accumulation']}")
 
 
 def test_seed001_order_clipping_context_and_debug_keys():
-    names, batches, twin = guide_setup(4, 8, 32, scale=8.0)  # large inputs: the norm exceeds 1.0
+    names, batches, twin = guide_setup(4, 8, 32, gain=20.0)  # the gradient norm exceeds 1.0
     ns = run_snippet(SEED001_BASIC_CLIPPING_CONTEXT, dataloader=batches, **names)
     stats = ns["stats"]
     assert stats["current_step"] == 2 and stats["total_gradients"] == 8 and stats["accumulation_step"] == 0

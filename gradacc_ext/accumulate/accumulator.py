@@ -16,7 +16,9 @@ without a host sync). Checkpoint saves and restores a window mid-way, and
 StatsReport builds the guides' stats dicts.
 
 The accumulator is built in two phases: __init__ keeps the config, and
-_attach() does everything that needs the model and optimizer.
+_attach() does everything that needs the model and optimizer. So it can be
+built as the guides do, GradientAccumulator(config), and attached later by
+attach(model, optimizer) or the first accumulate_gradients(loss, model, optimizer).
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from ..distributed.grad_sync import FSDP2Sync, grad_sync_for
 from .buffers import GradBuffers
 from .checkpoint import Checkpoint
 from .config import GradientAccumulationConfig
+from .loss_checks import MigrationChecks
 from .loss_scale import LossScale
-from .params import trainable
+from .params import check_optimizer, trainable
 from .reports import StatsReport
 from .stats import AccumulatorStats, StepInfo
 from .stepper import OptimizerStepper
@@ -40,14 +43,22 @@ from .window import Window
 from .window_end import WindowEnd
 
 LossFn = Callable[[Any, Any], "torch.Tensor | tuple[torch.Tensor, int | torch.Tensor]"]
+# What _attach() sets; reading one before it is an AttributeError that says how to attach.
+_ATTACHED = frozenset(
+    ("module", "params", "optimizer", "scheduler", "device", "stats", "_buffers", "_sync", "_loss_scale", "_window",
+     "_stepper", "_end", "_checkpoint", "_report", "_user_scaler", "_checks")
+)  # fmt: skip
 
 
 class GradientAccumulator:
     """Runs micro-batches and steps the optimizer (and scheduler) once per window.
 
+    GradientAccumulator(model, optimizer, config, scheduler=None, scaler=None),
+    or GradientAccumulator(config) and attach(model, optimizer, ...) later.
     model_or_params: the model (an nn.Module, possibly DDP- or FSDP2-wrapped)
       or an iterable of parameters; frozen parameters are ignored.
-    optimizer: any torch.optim.Optimizer over these parameters.
+    optimizer: any torch.optim.Optimizer over these parameters (one that holds
+      none of them is an error, one that holds only some a warning).
     scheduler: stepped once per real optimizer step (never on skipped ones).
     scaler: a torch.amp.GradScaler for mixed_precision="fp16" (one is created
       from the config when omitted).
@@ -55,19 +66,50 @@ class GradientAccumulator:
 
     def __init__(
         self,
-        model_or_params: torch.nn.Module | Any,
-        optimizer: torch.optim.Optimizer,
-        config: GradientAccumulationConfig,
+        model_or_params: torch.nn.Module | Any | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        config: GradientAccumulationConfig | None = None,
         scheduler: Any | None = None,
         scaler: torch.amp.GradScaler | None = None,
     ) -> None:
+        if isinstance(model_or_params, GradientAccumulationConfig) and config is None:
+            model_or_params, config = None, model_or_params  # GradientAccumulator(config), the guides' form
         if not isinstance(config, GradientAccumulationConfig):
             raise TypeError(f"GradientAccumulator: config must be a GradientAccumulationConfig, got {type(config)}")
         self.config = config
+        self.attached = False
         self._in_micro_step = False
         self._backward_done = False
         self._last_backpropagated: torch.Tensor | None = None
+        if model_or_params is not None or optimizer is not None:
+            self.attach(model_or_params, optimizer, scheduler, scaler)
+        elif scheduler is not None or scaler is not None:
+            raise TypeError("GradientAccumulator: scheduler and scaler are given with the model and optimizer")
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _ATTACHED:
+            raise AttributeError(
+                f"GradientAccumulator.{name}: the accumulator has no model and optimizer yet; give them with "
+                "attach(model, optimizer), GradientAccumulator(model, optimizer, config) or "
+                "accumulate_gradients(loss, model, optimizer)"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def attach(
+        self,
+        model_or_params: torch.nn.Module | Any,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
+        """Gives an accumulator built as GradientAccumulator(config) its model and optimizer (once)."""
+        if self.attached:
+            raise RuntimeError("GradientAccumulator.attach: the accumulator already has its model and optimizer")
+        for name, value in (("model_or_params", model_or_params), ("optimizer", optimizer)):
+            if value is None:
+                raise TypeError(f"GradientAccumulator: {name} is missing (give the model and the optimizer together)")
         self._attach(model_or_params, optimizer, scheduler, scaler)
+        self.attached = True
 
     def _attach(
         self,
@@ -83,7 +125,10 @@ class GradientAccumulator:
             raise TypeError(f"GradientAccumulator: scheduler must have a step() method, got {type(scheduler)}")
         c = self.config
         self.module, self.params = trainable(model_or_params)
+        check_optimizer(self.module, self.params, optimizer)
         self.optimizer, self.scheduler = optimizer, scheduler
+        self._user_scaler = scaler
+        self._checks = MigrationChecks(self.accumulation_steps, c.loss_normalization, c.mixed_precision)
         self._buffers = GradBuffers(self.params, c.accum_dtype, c.backend)
         self.device = self._buffers.device
         self._sync = grad_sync_for(self.module)
@@ -148,6 +193,7 @@ class GradientAccumulator:
         if self._in_micro_step and self._backward_done:
             raise RuntimeError("GradientAccumulator.backward: called twice inside one micro_step()")
         self._check_loss(loss)
+        self._checks(loss, self._in_micro_step)
         weight, count = self._window.weight(num_items)
         return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=True)
 
@@ -228,6 +274,13 @@ class GradientAccumulator:
         """Resolve a deferred fused step: count it and step the scheduler if it was real (one host read)."""
         self._stepper.resolve()
 
+    def discard_window(self) -> None:
+        """Drops the open window's gradients without an optimizer step (after an error mid-window)."""
+        if self._in_micro_step:
+            raise RuntimeError("GradientAccumulator.discard_window: called inside micro_step()")
+        self._buffers.release()
+        self._window.reset()
+
     def _drop_grads(self) -> None:
         for p in self.params:
             p.grad = None
@@ -281,14 +334,26 @@ class GradientAccumulator:
     ) -> dict[str, Any]:
         """Compatibility entry point of the guides: backward(loss, num_items) plus a stats dict.
 
-        model/optimizer/scaler may be passed as in the guides' call shape; each
-        must be the object this accumulator was built with.
+        model/optimizer/scaler may be passed as in the guides' call shape: the
+        first call attaches an accumulator built as GradientAccumulator(config);
+        later, each must be the object it was attached with (a disabled scaler
+        is always accepted: no loss scaling). For seed 001's order (model,
+        loss, batch_size, optimizer), use gradacc_ext.compat.GradientAccumulator.
         """
+        if isinstance(loss, torch.nn.Module):
+            raise TypeError(
+                "GradientAccumulator.accumulate_gradients: the first argument is a model; this is the "
+                "(loss, model, optimizer, scaler) order. gradacc_ext.compat.GradientAccumulator takes both orders"
+            )
+        if not self.attached:
+            self.attach(model, optimizer, scaler=scaler)
         for name, given, mine in (
             ("model", model, self.module),
             ("optimizer", optimizer, self.optimizer),
-            ("scaler", scaler, self._loss_scale.scaler if self._loss_scale is not None else None),
+            ("scaler", scaler, self._user_scaler),
         ):
+            if name == "scaler" and given is not None and not given.is_enabled() and self._loss_scale is None:
+                continue
             if given is not None and given is not mine:
                 raise ValueError(
                     f"GradientAccumulator.accumulate_gradients: the {name} passed is not the one this accumulator "

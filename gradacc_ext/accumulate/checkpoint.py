@@ -71,4 +71,3 @@ class Checkpoint:
         if self.loss_scale is not None:
             self.loss_scale.load_state_dict(state["loss_scale"])
         self.stepper.restore(state.get("pending_step_skipped"))
-

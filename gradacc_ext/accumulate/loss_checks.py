@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -59,3 +61,35 @@ def ran_in_low_precision(loss: torch.Tensor) -> bool:
                 return True
         stack.extend(next_node for next_node, _ in node.next_functions)
     return False
+
+
+class MigrationChecks:
+    """Runs the two checks at backward(), each until it has warned once (the graph walk only once)."""
+
+    def __init__(self, accumulation_steps: int, loss_normalization: str, mixed_precision: str) -> None:
+        self.steps = accumulation_steps
+        self.check_division = loss_normalization != "none"
+        self.check_autocast = mixed_precision != "no"
+
+    def __call__(self, loss: torch.Tensor, in_micro_step: bool) -> None:
+        if self.check_division and divided_by(loss) == self.steps > 1:
+            self.check_division = False
+            warnings.warn(
+                f"GradientAccumulator.backward: the loss looks divided by accumulation_steps={self.steps} already "
+                "(its last op divides by that constant), and the accumulator divides the window again, so the "
+                "gradients come out that many times too small. Delete the `loss = loss / accumulation_steps` "
+                "line, or set loss_normalization='none' if the division is meant",
+                UserWarning,
+                stacklevel=3,
+            )
+        if self.check_autocast and not in_micro_step:
+            self.check_autocast = False
+            if not ran_in_low_precision(loss):
+                warnings.warn(
+                    "GradientAccumulator.backward: mixed precision is configured but this loss's forward ran "
+                    "without autocast (nothing in its graph is fp16/bf16): the forward ran outside "
+                    "`with acc.micro_step():`, which is where the accumulator enters autocast. Run forward and "
+                    "backward inside micro_step(), or wrap the forward in your own torch.autocast",
+                    UserWarning,
+                    stacklevel=3,
+                )
