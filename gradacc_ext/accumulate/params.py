@@ -39,7 +39,8 @@ def check_optimizer(module: torch.nn.Module | None, params: list[torch.nn.Parame
     missing = [p for p in params if id(p) not in held]
     if not missing:
         return
-    names = {id(p): n for n, p in module.named_parameters()} if module is not None else {}
+    names = {id(p): f"#{i}" for i, p in enumerate(params)}
+    names.update({id(p): n for n, p in module.named_parameters()} if module is not None else {})
     what = "the model" if module is not None else "model_or_params"
     if len(missing) == len(params):
         raise ValueError(
@@ -47,7 +48,7 @@ def check_optimizer(module: torch.nn.Module | None, params: list[torch.nn.Parame
             f"(it holds {len(held)} other tensors); build it over the same parameters, e.g. "
             "torch.optim.AdamW(model.parameters())"
         )
-    listed = ", ".join(names.get(id(p), f"#{params.index(p)}") for p in missing[:5])
+    listed = ", ".join(names[id(p)] for p in missing[:5])
     warnings.warn(
         f"GradientAccumulator: {len(missing)} of the {len(params)} trainable parameters of {what} are not in the "
         f"optimizer ({listed}{', ...' if len(missing) > 5 else ''}): they accumulate gradients that no optimizer "
