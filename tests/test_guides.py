@@ -151,7 +151,7 @@ for batch in dataloader:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the GPU-less behaviour")
-@pytest.mark.filterwarnings("ignore:.*CUDA is not available")
+@pytest.mark.filterwarnings("ignore:.*CUDA is not available", "ignore:.*torch.cuda.amp.*is deprecated")
 def test_seed000_mixed_precision_without_a_gpu_warns_that_no_autocast_ran():
     from gradacc_ext.compat import GradientAccumulationConfig, GradientAccumulator
 
@@ -290,3 +290,58 @@ def test_seed001_error_in_the_context_drops_the_open_window():
     assert acc.optimizer_steps == 0 and acc.micro_steps_in_window == 0
     assert all(p.grad is None for p in names["model"].parameters())
     assert all(torch.equal(p, q) for p, q in zip(names["model"].parameters(), before, strict=True))
+
+
+SEED001_ADAPTIVE_AND_MIXED_PRECISION = """
+# Create adaptive configuration
+config = GradientAccumulationConfig(
+    accumulation_steps=4,
+    effective_batch_size=32,
+    target_batch_size=128,
+    adaptive_accumulation=True,
+    memory_efficient=True,
+    track_memory=True
+)
+
+accumulator = AdaptiveGradientAccumulator(config)
+scaler = torch.cuda.amp.GradScaler()
+
+# Training loop with mixed precision accumulation
+for batch_idx, (data, targets) in enumerate(dataloader):
+    # Forward pass with mixed precision
+    with torch.cuda.amp.autocast():
+        outputs = model(data)
+        loss = criterion(outputs, targets)
+
+    # Accumulate gradients with scaler
+    result = accumulator.accumulate_gradients(
+        model, loss, data.size(0), optimizer, scaler
+    )
+
+    # Get adaptation stats
+    if result['should_step']:
+        adaptation_stats = accumulator.get_adaptation_stats()
+        print(f"Adaptation stats: {adaptation_stats}")
+        print(f"Scaled loss: {result['scaled_loss']:.4f}")
+        print(f"Original loss: {result['original_loss']:.4f}")
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="an enabled GradScaler needs mixed_precision='fp16' (README)")
+@pytest.mark.filterwarnings("ignore:.*CUDA is not available", "ignore:.*torch.cuda.amp.*is deprecated")
+def test_seed001_adaptive_with_a_scaler_and_the_loss_keys():
+    from gradacc_ext.compat import AdaptiveGradientAccumulator, GradientAccumulationConfig
+
+    names, batches, twin = guide_setup(6, 8, 32)
+    names.pop("scaler")
+    ns = run_snippet(
+        SEED001_ADAPTIVE_AND_MIXED_PRECISION,
+        GradientAccumulationConfig=GradientAccumulationConfig,
+        AdaptiveGradientAccumulator=AdaptiveGradientAccumulator,
+        dataloader=batches,
+        **names,
+    )
+    assert ns["config"].strategy == "adaptive" and ns["adaptation_stats"]["oom_splits"] == 0
+    assert float(ns["result"]["scaled_loss"]) == float(ns["result"]["original_loss"])  # no loss scaling
+    hand_loop(twin, torch.optim.Adam(twin.parameters(), lr=0.01), batches, 4)
+    assert_same_params(ns["model"], twin)
