@@ -35,8 +35,10 @@ def test_config_first_then_attach_and_errors_before_it():
 
 def test_optimizer_over_other_parameters_is_refused_and_a_partial_one_warned():
     model, other = make_model(torch.float32, 2), make_model(torch.float32, 3)
+    acc = GradientAccumulator(config())
     with pytest.raises(ValueError, match=r"holds none of the 4 trainable parameters of the model \(it holds 4 other"):
-        GradientAccumulator(model, torch.optim.SGD(other.parameters(), lr=0.1), config())
+        acc.attach(model, torch.optim.SGD(other.parameters(), lr=0.1))
+    assert not acc.attached and "module" not in vars(acc)  # nothing was set on the error path
     with pytest.warns(UserWarning, match=r"2 of the 4 trainable parameters of the model are not in the optimizer "
                       r"\(2.weight, 2.bias\)"):  # fmt: skip
         GradientAccumulator(model, torch.optim.SGD(model[0].parameters(), lr=0.1), config())

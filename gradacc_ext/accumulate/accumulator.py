@@ -124,8 +124,9 @@ class GradientAccumulator:
         if scheduler is not None and not callable(getattr(scheduler, "step", None)):
             raise TypeError(f"GradientAccumulator: scheduler must have a step() method, got {type(scheduler)}")
         c = self.config
-        self.module, self.params = trainable(model_or_params)
-        check_optimizer(self.module, self.params, optimizer)
+        module, params = trainable(model_or_params)
+        check_optimizer(module, params, optimizer)  # before anything is set: a refused pair leaves no trace
+        self.module, self.params = module, params
         self.optimizer, self.scheduler = optimizer, scheduler
         self._user_scaler = scaler
         self._checks = MigrationChecks(self.accumulation_steps, c.loss_normalization, c.mixed_precision)
