@@ -134,7 +134,7 @@ def test_lr_scaling_bad_input(args):
         (dict(accumulation_steps=True), "accumulation_steps must be an integer >= 1"),
         (dict(target_batch_size=100, micro_batch_size=32), "nearest achievable effective batches are 96"),
         (dict(accumulation_steps=2, target_batch_size=64, micro_batch_size=16), "gives an effective batch of 32"),
-        (dict(accumulation_steps=2, max_grad_norm=0.0), "max_grad_norm must be a finite number > 0"),
+        (dict(accumulation_steps=2, max_grad_norm=-0.5), "max_grad_norm must be a finite number > 0"),
         (dict(accumulation_steps=2, norm_type=1.0), "norm_type must be 2.0 or math.inf"),
         (dict(accumulation_steps=2, clip_value=-1.0), "clip_value must be"),
         (dict(accumulation_steps=2, mixed_precision=True), "mixed_precision must be one of"),

@@ -121,7 +121,7 @@ class GradientAccumulationConfig:
         self._derive_steps()
         if self.max_grad_norm == 0 and not isinstance(self.max_grad_norm, bool):
             self.max_grad_norm = None
-        _positive_float("max_grad_norm", self.max_grad_norm)
+        _positive_float("max_grad_norm", self.max_grad_norm)  # 0.0 was turned into None (off) above
         _positive_float("clip_value", self.clip_value)
         if isinstance(self.norm_type, bool) or self.norm_type not in (2, 2.0, math.inf):
             raise ValueError(f"GradientAccumulationConfig.norm_type must be 2.0 or math.inf, got {self.norm_type!r}")
