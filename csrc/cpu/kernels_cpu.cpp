@@ -39,13 +39,21 @@ NormAcc reduce_norm(const T* __restrict x, int64_t n) {
   return total;
 }
 
-// Any other norm kind: one accumulator, element order (no lanes needed for
-// exactness, and pow dominates the cost anyway).
+// Any other norm kind, in kLanes accumulators like the fast path: a chunk's
+// sum then rounds like kLanes short sums (sqrt(n / kLanes) growth), not one
+// long one; the lanes merge in a fixed order (deterministic).
 template <typename T>
 NormAcc reduce_norm(const T* __restrict x, int64_t n, NormKind kind, double p) {
   if (kind == NormKind::kL2 || kind == NormKind::kInf) return reduce_norm(x, n);
+  NormAcc lanes[kLanes];
+  for (auto& lane : lanes) lane = norm_acc_init(kind);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lanes[l] = norm_acc_add(lanes[l], Elem<T>::load(x[i + l]), kind, p);
+  }
   NormAcc total = norm_acc_init(kind);
-  for (int64_t i = 0; i < n; ++i) total = norm_acc_add(total, Elem<T>::load(x[i]), kind, p);
+  for (; i < n; ++i) total = norm_acc_add(total, Elem<T>::load(x[i]), kind, p);
+  for (const auto& lane : lanes) total = norm_acc_merge(total, lane, kind);
   return total;
 }
 
