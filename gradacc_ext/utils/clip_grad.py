@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Iterable
 
 import torch
+from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 
 from ..ops import _checks, api
 
@@ -37,24 +38,18 @@ def _has_kernels(device: torch.device) -> bool:
     return api.resolve_backend(device)[0] == "ext"
 
 
-def _fusable(t: torch.Tensor) -> bool:
-    return (
-        t.dtype in _checks.SUPPORTED
-        and t.layout == torch.strided
-        and _has_kernels(t.device)
-        and _checks.is_dense(t)
-    )
-
-
 def _split(tensors: list[torch.Tensor]) -> tuple[dict[torch.device, list[torch.Tensor]], list[torch.Tensor]]:
-    """(fusable tensors by device, the rest) in list order."""
+    """(the fusable tensors by device, the rest). torch's C++ grouping helper (the one its clipping uses)
+    sorts by device and dtype at C speed; per tensor only the layout is checked in Python."""
     fused: dict[torch.device, list[torch.Tensor]] = {}
     rest: list[torch.Tensor] = []
-    for t in tensors:
-        if _fusable(t):
-            fused.setdefault(t.device, []).append(t)
-        else:
-            rest.append(t)
+    for (device, dtype), ([group], _) in _group_tensors_by_device_and_dtype([tensors]).items():
+        if dtype not in _checks.SUPPORTED or not _has_kernels(device):
+            rest += group
+            continue
+        for t in group:
+            dense = t.layout == torch.strided and (t.is_contiguous() or _checks.is_dense(t))  # C call first
+            (fused.setdefault(device, []) if dense else rest).append(t)
     return fused, rest
 
 
