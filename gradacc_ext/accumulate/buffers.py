@@ -31,6 +31,8 @@ from ..ops import reference
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 ALIGN = 16  # bytes: one 128-bit vector load; the CUDA kernels' vector width and the CPU's SSE/NEON width
+
+
 def _reference_ops() -> SimpleNamespace:
     """The op calls for float64 buffers, which the kernels (and ops' checks) do not take.
 

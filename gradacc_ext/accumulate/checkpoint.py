@@ -74,4 +74,3 @@ class Checkpoint:
         if self.loss_scale is not None:
             self.loss_scale.load_state_dict(state["loss_scale"])
         self.stepper.forget()
-
