@@ -15,7 +15,10 @@ from .stats import AccumulatorStats
 from .stepper import OptimizerStepper
 from .window import Window
 
-STATE_VERSION = 2  # 2: the deferred (fused) step's outcome is saved, not resolved; 1 loads too
+# 3: + the deferred (fused) step's outcome, saved instead of resolved; 2: per-parameter sums
+# (layout-free); 1: whole flat buffers. All still load.
+STATE_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 
 class Checkpoint:
@@ -52,8 +55,11 @@ class Checkpoint:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Checks everything before changing anything, so a rejected state leaves the accumulator as it was."""
-        if state.get("version") not in (1, STATE_VERSION):
-            raise ValueError(f"GradientAccumulator.load_state_dict: unknown state version {state.get('version')!r}")
+        if state.get("version") not in READABLE_VERSIONS:
+            raise ValueError(
+                f"GradientAccumulator.load_state_dict: unknown state version {state.get('version')!r}, "
+                f"expected one of {READABLE_VERSIONS}"
+            )
         for key in ("accumulation_steps", "loss_normalization"):
             mine = getattr(self.config, key)
             if state[key] != mine:
