@@ -44,15 +44,18 @@ def test_optimizer_over_other_parameters_is_refused_and_a_partial_one_warned():
         GradientAccumulator(model, torch.optim.SGD(model[0].parameters(), lr=0.1), config())
 
 
-def test_core_accumulate_gradients_names_the_compat_class_for_seed_001_order():
+def test_seed_001_order_and_attach_on_first_call_are_compat_only():
     model = make_model(torch.float32, 4)
     x, y = make_batches(1, 3, torch.float32, 4)[0]
-    acc = GradientAccumulator(config())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(AttributeError, match="no model and optimizer yet"):
+        GradientAccumulator(config()).accumulate_gradients(mse(model, (x, y)), model, opt)
     with pytest.raises(TypeError, match="gradacc_ext.compat.GradientAccumulator takes both orders"):
-        acc.accumulate_gradients(model, mse(model, (x, y)), 3, opt)
+        GradientAccumulator(model, opt, config()).accumulate_gradients(model, mse(model, (x, y)), 3, opt)
     out = GuideAccumulator(config()).accumulate_gradients(model, mse(model, (x, y)), 3, opt)
     assert out["accumulation_step"] == 1 and not out["should_step"]
+    with pytest.raises(TypeError, match="optimizer is missing"):
+        GuideAccumulator(config()).accumulate_gradients(mse(model, (x, y)), model)
 
 
 def test_disabled_scaler_means_no_loss_scaling_in_every_mode(caplog):

@@ -12,9 +12,8 @@ GradHooks (folds gradients into it in buckets while backward runs), Window (norm
 WindowEnd (normalise, unscale, check, clip) with OptimizerStepper (step, deferred scheduler step),
 Checkpoint and StatsReport. It owns hooks on its parameters: use it as a context manager or call
 close() (garbage collection removes them too). Two-phase construction: __init__ keeps the config,
-_attach() does everything that needs the model and optimizer. So it can be built as the guides do,
-GradientAccumulator(config), and attached later by attach(model, optimizer) or the first
-accumulate_gradients(loss, model, optimizer).
+_attach() does everything that needs the model and optimizer: GradientAccumulator(config), the
+guides' form, is attached later by attach(model, optimizer).
 """
 
 from __future__ import annotations
@@ -88,8 +87,7 @@ class GradientAccumulator:
         if name in _ATTACHED:
             raise AttributeError(
                 f"GradientAccumulator.{name}: the accumulator has no model and optimizer yet; give them with "
-                "attach(model, optimizer), GradientAccumulator(model, optimizer, config) or "
-                "accumulate_gradients(loss, model, optimizer)"
+                "attach(model, optimizer) or GradientAccumulator(model, optimizer, config)"
             )
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
@@ -346,22 +344,19 @@ class GradientAccumulator:
     ) -> dict[str, Any]:
         """Compatibility entry point of the guides: backward(loss, num_items) plus a stats dict.
 
-        model/optimizer/scaler may be passed as in the guides' call shape: the
-        first call attaches an accumulator built as GradientAccumulator(config);
-        later, each must be the object it was attached with (a disabled scaler
-        is always accepted: no loss scaling). For seed 001's order (model,
-        loss, batch_size, optimizer), use gradacc_ext.compat.GradientAccumulator.
+        model/optimizer/scaler may be passed as in the guides' call shape; each
+        must be the object this accumulator was built with (any disabled scaler
+        is accepted: no loss scaling). gradacc_ext.compat.GradientAccumulator
+        also takes seed 001's order and attaches on the first call.
         """
         if isinstance(loss, torch.nn.Module):
             raise TypeError(
-                "GradientAccumulator.accumulate_gradients: the first argument is a model; this is the "
-                "(loss, model, optimizer, scaler) order. gradacc_ext.compat.GradientAccumulator takes both orders"
+                "GradientAccumulator.accumulate_gradients: the first argument is a model; this is the (loss, model, "
+                "optimizer, scaler) order. gradacc_ext.compat.GradientAccumulator takes both orders"
             )
-        if not self.attached:
-            self.attach(model, optimizer, scaler=scaler)
         own_scaler = self._loss_scale.scaler if self._loss_scale is not None else None
         if scaler is not None and own_scaler is None and not scaler.is_enabled():
-            scaler = None  # any disabled scaler means what this accumulator does: no loss scaling
+            scaler = None
         check_same_objects(
             model=(model, self.module), optimizer=(optimizer, self.optimizer), scaler=(scaler, own_scaler)
         )

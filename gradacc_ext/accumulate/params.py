@@ -54,5 +54,5 @@ def check_optimizer(module: torch.nn.Module | None, params: list[torch.nn.Parame
         f"optimizer ({listed}{', ...' if len(missing) > 5 else ''}): they accumulate gradients that no optimizer "
         "step uses. Freeze them (requires_grad_(False)) or add them to the optimizer",
         UserWarning,
-        stacklevel=4,
+        stacklevel=5,  # the user line of the usual GradientAccumulator(model, optimizer, config) call
     )

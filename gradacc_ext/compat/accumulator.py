@@ -54,8 +54,11 @@ class GuideMethods:
     """Mixed into the core accumulators: the guides' call shapes, each a thin wrapper of a core method."""
 
     def accumulate_gradients(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Either guide's order (see _guide_call); batch_size weights the micro-batch by its size."""
+        """Either guide's order (see _guide_call); batch_size weights the micro-batch by its size. The
+        first call attaches an accumulator built as GradientAccumulator(config), as the guides do."""
         call = _guide_call(args, kwargs)
+        if not self.attached:
+            self.attach(call.get("model"), call.get("optimizer"), scaler=call.get("scaler"))
         return super().accumulate_gradients(
             call["loss"],
             call.get("model"),
