@@ -13,6 +13,7 @@ import torch
 
 from ..accumulate import accumulator as core
 from ..accumulate import adaptive
+from .config import ALIASES
 from .devices import device_report
 
 # What update_config(**fields) may change between windows; the rest shapes the buffers or the loss scale.
@@ -138,8 +139,6 @@ class GuideMethods:
 
 
 def _core_names(fields: dict[str, Any]) -> dict[str, Any]:
-    from .config import ALIASES
-
     out: dict[str, Any] = {}
     for name, value in fields.items():
         target = ALIASES.get(name, name)
