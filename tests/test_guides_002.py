@@ -201,3 +201,17 @@ def test_no_effect_fields_are_logged_once_with_the_reason(caplog):
     assert set(config.guide_notes) == {"log_accumulation", "memory_threshold", "gradient_scaling"}
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 1 and "memory_threshold" in messages[0] and "scale_lr_linear" in messages[0]
+
+
+def test_keyword_forms_and_seed003_step_count():
+    """Keyword construction and calls; seed 003's promise: ceil(batches / steps) optimizer steps, one
+    grad norm each (the short last window is applied by flush(), or by the guides' accumulation_context)."""
+    from gradacc_ext.compat import GradientAccumulator
+
+    model = make_model(25)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    acc = GradientAccumulator(config=GradientAccumulationConfig(accumulation_steps=4))
+    with acc.accumulation_context(model=model):
+        for x, y in make_batches(10, 3, 26):
+            acc.accumulate_gradients(loss=F.cross_entropy(model(x), y), model=model, optimizer=optimizer)
+    assert acc.optimizer_steps == 3 and len(acc.grad_norm_history()) == 3  # ceil(10 / 4)
