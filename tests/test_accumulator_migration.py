@@ -29,6 +29,8 @@ def test_config_first_then_attach_and_errors_before_it():
     acc.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(RuntimeError, match="already has its model"):
         acc.attach(model, acc.optimizer)
+    with GradientAccumulator(config()) as never_attached:  # closing one that never got a model is a no-op
+        assert not never_attached.attached
     with pytest.raises(TypeError, match="scheduler and scaler are given with the model"):
         GradientAccumulator(config(), scheduler=object())
 

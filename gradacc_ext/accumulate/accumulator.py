@@ -142,7 +142,8 @@ class GradientAccumulator:
 
     def close(self) -> None:
         """Removes the hooks: the parameters get plain .grad behaviour again. Does not apply the open window."""
-        self._hooks.close()
+        if self.attached:  # an accumulator never attached has no hooks
+            self._hooks.close()
 
     def __enter__(self) -> GradientAccumulator:
         return self
