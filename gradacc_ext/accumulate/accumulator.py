@@ -40,11 +40,6 @@ from .window import Window, check_loss
 from .window_end import WindowEnd
 
 LossFn = Callable[[Any, Any], "torch.Tensor | tuple[torch.Tensor, int | torch.Tensor]"]
-# What _attach() sets; reading one before it is an AttributeError that says how to attach.
-_ATTACHED = frozenset(
-    ("module", "params", "optimizer", "scheduler", "device", "stats", "_buffers", "_sync", "_loss_scale", "_window",
-     "_stepper", "_end", "_checkpoint", "_report", "_hooks", "_checks")
-)  # fmt: skip
 
 
 class GradientAccumulator:
@@ -84,7 +79,8 @@ class GradientAccumulator:
             raise TypeError("GradientAccumulator: scheduler and scaler are given with the model and optimizer")
 
     def __getattr__(self, name: str) -> Any:
-        if name in _ATTACHED:
+        # Only reached for a missing attribute: before attach(), that is one _attach() sets.
+        if not name.startswith("__") and self.__dict__.get("attached") is False:
             raise AttributeError(
                 f"GradientAccumulator.{name}: the accumulator has no model and optimizer yet; give them with "
                 "attach(model, optimizer) or GradientAccumulator(model, optimizer, config)"
