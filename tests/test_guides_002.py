@@ -98,7 +98,7 @@ def test_seed002_manager_equals_the_hand_written_loop():
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
-    with pytest.warns(ResourceWarning, match="held until update_optimizer"):
+    with pytest.warns(UserWarning, match="held until update_optimizer"):
         ns = run_snippet(
             SEED002_MANAGER,
             config=config,

@@ -55,7 +55,7 @@ class GradientAccumulationManager:
                 warnings.warn(
                     "GradientAccumulationManager: no optimizer yet, so the first window's losses (and their "
                     "graphs) are held until update_optimizer(); pass optimizer= to the constructor to avoid it",
-                    ResourceWarning,
+                    UserWarning,
                     stacklevel=2,
                 )
             self._held.append((loss, num_items))
