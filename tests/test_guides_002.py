@@ -215,3 +215,21 @@ def test_keyword_forms_and_seed003_step_count():
         for x, y in make_batches(10, 3, 26):
             acc.accumulate_gradients(loss=F.cross_entropy(model(x), y), model=model, optimizer=optimizer)
     assert acc.optimizer_steps == 3 and len(acc.grad_norm_history()) == 3  # ceil(10 / 4)
+
+
+def test_manager_given_its_optimizer_holds_nothing():
+    import warnings
+
+    from gradacc_ext.compat import GradientAccumulationManager
+
+    model = make_model(27)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    manager = GradientAccumulationManager(GradientAccumulationConfig(accumulation_steps=2), optimizer=optimizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for i, (x, y) in enumerate(make_batches(4, 3, 28)):
+            manager.accumulate_gradients(F.cross_entropy(model(x), y), model)
+            assert manager.get_status()["held_losses"] == 0
+            if manager.should_update(i):
+                manager.update_optimizer(optimizer, model)
+    assert manager.get_status()["optimizer_steps"] == 2
