@@ -120,7 +120,7 @@ class GradientAccumulator:
         check_optimizer(module, params, optimizer)  # before anything is set: a refused pair leaves no trace
         self.module, self.params = module, params
         self.optimizer, self.scheduler = optimizer, scheduler
-        self._checks = MigrationChecks(self.accumulation_steps, c.loss_normalization, c.mixed_precision)
+        self._checks = MigrationChecks(c)
         self._buffers = GradBuffers(self.params, c.accum_dtype, c.backend, release=c.release_buffers)
         self.device = self._buffers.device
         self._sync = grad_sync_for(self.module)

@@ -66,16 +66,17 @@ def ran_in_low_precision(loss: torch.Tensor) -> bool:
 class MigrationChecks:
     """Runs the two checks at backward(), each until it has warned once (the graph walk only once)."""
 
-    def __init__(self, accumulation_steps: int, loss_normalization: str, mixed_precision: str) -> None:
-        self.steps = accumulation_steps
-        self.check_division = loss_normalization != "none"
-        self.check_autocast = mixed_precision != "no"
+    def __init__(self, config) -> None:
+        self.config = config  # read live: update_config() may change accumulation_steps between windows
+        self.check_division = config.loss_normalization != "none"
+        self.check_autocast = config.mixed_precision != "no"
 
     def __call__(self, loss: torch.Tensor, in_micro_step: bool) -> None:
-        if self.check_division and divided_by(loss) == self.steps > 1:
+        steps = self.config.accumulation_steps
+        if self.check_division and divided_by(loss) == steps > 1:
             self.check_division = False
             warnings.warn(
-                f"GradientAccumulator.backward: the loss looks divided by accumulation_steps={self.steps} already "
+                f"GradientAccumulator.backward: the loss looks divided by accumulation_steps={steps} already "
                 "(its last op divides by that constant), and the accumulator divides the window again, so the "
                 "gradients come out that many times too small. Delete the `loss = loss / accumulation_steps` "
                 "line, or set loss_normalization='none' if the division is meant",
