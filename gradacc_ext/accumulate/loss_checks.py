@@ -16,6 +16,8 @@ import warnings
 
 import torch
 
+from .config import GradientAccumulationConfig
+
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SAVED = ("_saved_self", "_saved_other", "_saved_mat1", "_saved_mat2", "_saved_weight", "_saved_input")
 _GRAPH_LIMIT = 20_000  # nodes looked at, at most: a bound on the one-off cost, not a correctness limit
@@ -66,7 +68,7 @@ def ran_in_low_precision(loss: torch.Tensor) -> bool:
 class MigrationChecks:
     """Runs the two checks at backward(), each until it has warned once (the graph walk only once)."""
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: GradientAccumulationConfig) -> None:
         self.config = config  # read live: update_config() may change accumulation_steps between windows
         self.check_division = config.loss_normalization != "none"
         self.check_autocast = config.mixed_precision != "no"
