@@ -24,7 +24,7 @@ from .devices import MemoryMonitor
 
 def build_accumulator(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: GradientAccumulationConfig, **kwargs: Any
-) -> GradientAccumulator:
+) -> GradientAccumulator | AdaptiveGradientAccumulator:
     """The accumulator a guide's strategy asks for: the OOM-splitting one for "dynamic"/"adaptive"."""
     adaptive = getattr(config, "strategy", "standard") != "standard"
     cls = AdaptiveGradientAccumulator if adaptive else GradientAccumulator
