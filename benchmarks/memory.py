@@ -107,6 +107,7 @@ class LiveBytes:
 
 def worker(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
+    torch.set_num_threads(args.threads)
     pdtype, accum = CASES[args.case]
     torch.manual_seed(0)
     model = GPT(args.vocab, args.ctx, args.width, args.layers, args.heads).to(device, pdtype)
@@ -200,14 +201,15 @@ def export_baseline(ref: str, into: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--ctx", type=int, default=64)
-    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--ctx", type=int, default=32)
+    parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--bucket-bytes", type=int, help="default: 25 MiB scaled by parameters / GPT-2 small's")
-    parser.add_argument("--windows", type=int, default=3, help="timed windows per implementation")
+    parser.add_argument("--windows", type=int, default=2, help="timed windows per implementation")
     parser.add_argument("--baseline", default="main", help="git ref of the baseline implementation")
     parser.add_argument("--case", choices=list(CASES), help=argparse.SUPPRESS)
     parser.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)
