@@ -1,7 +1,7 @@
 """Gradient memory of a window: plain loop vs gradacc (this tree) vs gradacc as of a baseline commit.
 
     python benchmarks/memory.py                          # CPU, scaled-down GPT-2-shaped model, 4 micro-steps
-    python benchmarks/memory.py --baseline main --layers 12 --width 768 --vocab 50257   # GPT-2 small itself
+    python benchmarks/memory.py --baseline 5d7c6ab --layers 12 --width 768 --vocab 50257   # GPT-2 small itself
 
 Each (case, implementation) runs in its own process. Memory: peak and end-of-window bytes above model +
 optimizer state, per parameter. On CPU they come from the allocator itself (torch.profiler with
@@ -210,7 +210,8 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--bucket-bytes", type=int, help="default: 25 MiB scaled by parameters / GPT-2 small's")
     parser.add_argument("--windows", type=int, default=2, help="timed windows per implementation")
-    parser.add_argument("--baseline", default="main", help="git ref of the baseline implementation")
+    # 5d7c6ab: main just before issue 9 (gradients materialised in full, then folded; persistent cast copies).
+    parser.add_argument("--baseline", default="5d7c6ab", help="git ref of the baseline implementation")
     parser.add_argument("--case", choices=list(CASES), help=argparse.SUPPRESS)
     parser.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)
     args = parser.parse_args()
