@@ -1,0 +1,62 @@
+"""The benchmark's timing (torch.utils.benchmark.Timer), its roofline and its quiet profiler."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gradacc_ext.benchmarking import timing
+
+FAST = timing.TimingConfig(threshold=0.5, min_time_s=0.0, max_time_s=0.01)
+
+
+def test_rotating_visits_every_input_in_turn():
+    seen: list[int] = []
+    fn = timing.rotating(seen.append, [0, 1, 2])
+    for _ in range(7):
+        fn()
+    assert seen == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_measure_calibrates_blocks_and_summarizes():
+    x = torch.randn(4096)
+    m = timing.measure(lambda: x.mul_(1.0001), FAST)
+    stats = timing.summarize(m)
+    assert stats["calls_per_block"] >= 1 and stats["blocks"] >= 1
+    assert 0 < stats["best_s"] <= stats["median_s"]
+    assert stats["spread"] == pytest.approx(m.iqr / m.median)
+
+
+def test_measure_sets_the_thread_count_only_while_timing():
+    before = torch.get_num_threads()
+    inside: list[int] = []
+    timing.measure(lambda: inside.append(torch.get_num_threads()), timing.TimingConfig(0.5, 0.0, 0.01, threads=1))
+    assert set(inside) == {1} and torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize(
+    "bad", [{"threshold": 0.0}, {"min_time_s": 2.0, "max_time_s": 1.0}, {"min_time_s": -1.0}, {"threads": 0}]
+)
+def test_timing_config_rejects_bad_values(bad):
+    with pytest.raises(ValueError, match="invalid timing config"):
+        timing.TimingConfig(**bad)
+
+
+def test_roofline_is_the_best_of_both_streams_over_every_run():
+    roofline = timing.Roofline(torch.device("cpu"), 1 << 20)
+    before = roofline.dst.clone()
+    runs = [roofline.measure(FAST), roofline.measure(FAST)]
+    assert roofline.gbps == max(max(run.values()) for run in runs)
+    assert all(set(run) == {"copy_gbps", "inplace_gbps"} and min(run.values()) > 0 for run in runs)
+    assert torch.allclose(roofline.dst, roofline.src, rtol=1e-5)  # the adds of 1e-30 * src leave dst = src
+    assert not torch.equal(before, roofline.dst) and math.isfinite(float(roofline.dst.abs().max()))
+
+
+def test_counting_ops_prints_nothing_on_stderr(capfd):
+    xs = [torch.randn(5) for _ in range(3)]
+    count, unit = timing.count_launches(lambda: torch._foreach_add_(xs, 1.0), torch.device("cpu"))
+    _, err = capfd.readouterr()
+    assert count >= 1 and unit == "dispatched ops"
+    assert err == ""  # the profiler's USDT start/stop lines go to fd 2; they must be dropped
