@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -299,3 +302,57 @@ def test_info_without_the_extension_names_the_reason_and_the_fallback():
     info = json.loads(proc.stdout)
     assert info["extension_loaded"] is False and "GRADACC_NO_EXT=1" in info["load_reason"]
     assert {choice["backend"] for choice in info["backends"]["cpu"].values()} == {"torch"}
+
+
+# -- quickstart -----------------------------------------------------------------------------------------------------
+# Its first run creates a virtual environment and builds (minutes, network); here, the decision to skip the build.
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "scripts" / "quickstart.sh"
+source_tree_only = pytest.mark.skipif(not QUICKSTART.exists(), reason="needs the source tree (CI's wheel run has none)")
+
+
+def load_build_stamp():
+    spec = importlib.util.spec_from_file_location("build_stamp", ROOT / "scripts" / "build_stamp.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@source_tree_only
+def test_quickstart_with_an_unchanged_build_starts_the_demo_without_building(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    # A stand-in environment: this interpreter, the package from this tree, and a pip that refuses to run
+    # (an attempted install fails the test instead of installing anything).
+    no_pip = 'case "$1 $2" in "-m pip") echo "pip was called" >&2; exit 97;; esac'
+    python = sys.executable
+    scripts = {"python": f'{no_pip}\nexec {python} "$@"', "gradacc": f'exec {python} -m gradacc_ext "$@"'}
+    for name, body in scripts.items():
+        (venv / "bin" / name).write_text(f"#!/bin/sh\nexport PYTHONPATH={ROOT}\n{body}\n")
+        (venv / "bin" / name).chmod(0o755)
+    (venv / ".gradacc-build-stamp").write_text(load_build_stamp().fingerprint() + "\n")
+    env = {**os.environ, "GRADACC_VENV": str(venv)}
+    proc = subprocess.run([str(QUICKSTART), "demo", "--help"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "up to date" in proc.stdout and "== building" not in proc.stdout
+    assert "usage: gradacc demo" in proc.stdout
+
+
+@source_tree_only
+def test_build_stamp_changes_with_what_the_build_depends_on(tmp_path, monkeypatch):
+    stamp = load_build_stamp()
+    for name in ("csrc", "setup.py", "pyproject.toml"):
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, tmp_path / name)
+    (tmp_path / "gradacc_ext").mkdir()
+    first = stamp.fingerprint(tmp_path)
+    assert stamp.fingerprint(tmp_path) == first  # deterministic
+    kernel = next((tmp_path / "csrc").rglob("*.cpp"))
+    kernel.write_text(kernel.read_text() + "\n// changed\n")
+    second = stamp.fingerprint(tmp_path)
+    assert second != first
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    third = stamp.fingerprint(tmp_path)
+    assert third != second
+    (tmp_path / "gradacc_ext" / "_C.so").write_bytes(b"built")
+    assert stamp.fingerprint(tmp_path) != third  # a new (or deleted) library means a new build
