@@ -30,7 +30,7 @@ CLI_WORKLOADS = "gpt2-small=0.125,small-2000=0.25"
 CLI_OPERATIONS = {"default": "acc_bf16,acc_fp32,tail,norm,clip", "quick": "acc_bf16,tail"}
 CLI_IMPLS = {"default": ("gradacc", "eager", "reference"), "quick": ("gradacc", "eager")}
 CLI_TIMING = {
-    "default": TimingConfig(threshold=0.05, min_time_s=0.1, max_time_s=0.5),
+    "default": TimingConfig(threshold=0.05, min_time_s=0.1, max_time_s=0.3),
     "quick": TimingConfig(threshold=0.1, min_time_s=0.05, max_time_s=0.25),
 }
 

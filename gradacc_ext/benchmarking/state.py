@@ -30,6 +30,7 @@ CLIP_FRACTION = 0.5
 CLIP_ALONE_COEF = 0.999
 ADAMW_LR = 1e-4
 ALIGN_BYTES = 64
+POOL = 1 << 20
 
 
 @dataclass
@@ -86,16 +87,22 @@ def normal_tensors(
 ) -> list[torch.Tensor]:
     """Random normal tensors of `shapes`, carved from one allocation at 64-byte-aligned offsets.
 
-    One fill call per list instead of one per tensor: filling 2,000 tiny tensors one by one
-    took most of a `gradacc bench` run. The alignment is what separate allocations would have.
+    Filling 2,000 tiny tensors one by one, and drawing every element of the input sets
+    (hundreds of MiB per cell), took most of a `gradacc bench` run. So: one allocation per
+    list, split in one call; POOL random values drawn and repeated over longer lists (the
+    timing needs distinct memory, not distinct values). Offsets are aligned as separate
+    allocations would be.
     """
     align = max(1, ALIGN_BYTES // torch.empty((), dtype=dtype).element_size())
-    offsets, total = [], 0
+    sizes = []
     for shape in shapes:
-        offsets.append(total)
-        total += -(-math.prod(shape) // align) * align
-    flat = torch.empty(total, dtype=dtype, device=device).normal_(0.0, std, generator=gen)
-    return [flat[o : o + math.prod(s)].view(s) for o, s in zip(offsets, shapes, strict=True)]
+        numel = math.prod(shape)
+        sizes += [numel, -numel % align]  # the tensor, then padding up to the next aligned offset
+    total = sum(sizes)
+    pool = torch.empty(min(total, POOL), dtype=dtype, device=device).normal_(0.0, std, generator=gen)
+    flat = pool.repeat(-(-total // pool.numel()))[:total]
+    pieces = flat.split(sizes)[::2]
+    return [t if t.dim() == len(s) else t.view(s) for t, s in zip(pieces, shapes, strict=True)]
 
 
 def make_state(
