@@ -188,7 +188,13 @@ def test_compiled_norm_matches() -> None:
 # ---- runner, targets and tables ------------------------------------------------------------
 
 
-def test_mismatching_implementation_is_not_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def small_sets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input sets of 4 MiB in all: the cells' logic, without building hundreds of MiB per cell."""
+    monkeypatch.setattr(timing, "rotation_bytes", lambda device: 4 << 20)
+
+
+def test_mismatching_implementation_is_not_timed(monkeypatch: pytest.MonkeyPatch, small_sets: None) -> None:
     real = impls_mod.build_impl
 
     def wrong_eager(name: str, op):
@@ -205,7 +211,7 @@ def test_mismatching_implementation_is_not_timed(monkeypatch: pytest.MonkeyPatch
     assert rows["gradacc"]["gbps"] == pytest.approx(rows["gradacc"]["bytes"] / rows["gradacc"]["median_s"] / 1e9)
 
 
-def test_run_and_write(tmp_path) -> None:
+def test_run_and_write(tmp_path, small_sets: None) -> None:
     config = runner.BenchConfig("cpu", [TINY], parse_operations("acc_bf16,tail"), NON_COMPILED, FAST_TIMING, 1 << 20)
     results = runner.run(config, log=lambda _: None)
     paths = report.write(results, tmp_path)
@@ -221,7 +227,8 @@ def test_run_and_write(tmp_path) -> None:
     assert len(result_rows) == 2 * len(NON_COMPILED)
     assert all(row.count("|") == 12 for row in result_rows)  # 11 columns each
     roofline = saved["copy"]["gbps"]
-    assert roofline == max(max(run.values()) for run in saved["copy"]["runs"]) and len(saved["copy"]["runs"]) == 2
+    samples = saved["copy"]["samples"]
+    assert roofline == max(max(s.values()) for s in samples) and len(samples) == 1 + 2  # start, then after each cell
     timed = [c for c in saved["cells"] if "median_s" in c]
     assert all(c["pct_copy"] == pytest.approx(100 * c["gbps"] / roofline) for c in timed)
     assert "torch " + torch.__version__ in text and results["meta"]["commit"] in text
@@ -260,7 +267,7 @@ def test_gpu_targets() -> None:
     assert got["tail: speedup vs eager"] == "n/a (not run)"
 
 
-def test_skipped_cells_are_reported_not_run() -> None:
+def test_skipped_cells_are_reported_not_run(small_sets: None) -> None:
     fake_huge = Workload("fake-huge", "gpu-only stand-in", ((10,),), 1.0, gpu_only=True)
     config = runner.BenchConfig("cpu", [fake_huge], parse_operations("tail_adamw"), NON_COMPILED, FAST_TIMING, 1 << 20)
     rows = runner.run_cell(fake_huge, OPERATIONS["tail_adamw"], config, lambda _: None)

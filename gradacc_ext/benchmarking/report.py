@@ -35,9 +35,9 @@ def header(results: dict) -> list[str]:
         f"Device: {meta['device_name']}; torch {meta['torch_version']}{cuda}; commit {meta['commit']}; "
         f"date {meta['date']}{load_text}.",
         f"gradacc backend on this device: {meta['gradacc_backend']} ({meta['gradacc_backend_reason']}).",
-        f"Roofline: {copy['gbps']:.2f} GB/s, the best block of the faster of two fp32 streams of "
-        f"{copy['bytes'] / 2**20:.0f} MiB (dst.copy_(src) charged 8 B/element, the in-place dst.add_(src) 12 B), "
-        "measured at the start and the end of the run; % copy = a cell's median GB/s / the roofline.",
+        f"Roofline: {copy['gbps']:.2f} GB/s, the fastest call of two fp32 streams over {copy['bytes'] / 2**20:.0f} MiB "
+        "(dst.copy_(src) charged 8 B/element, the in-place dst.add_(src) 12 B), sampled at the start and after "
+        "every cell; % copy = a cell's median GB/s / the roofline.",
         f"Timing: torch.utils.benchmark.Timer.adaptive_autorange (calibrated calls per block; stops when the "
         f"blocks' IQR/median < {timing['threshold']:g} after >= {timing['min_time_s']:g} s, or at "
         f"{timing['max_time_s']:g} s); {meta['threads']} CPU thread{'s' if meta['threads'] > 1 else ''}; "

@@ -102,39 +102,50 @@ def summarize(m: Measurement) -> dict[str, float]:
 class Roofline:
     """The machine's streaming bandwidth, which no bandwidth-bound cell can beat.
 
-    Two fp32 streams as large as the rotated input sets, each charged the bytes
-    it reads and writes: dst.copy_(src) (8 B per element) and the in-place
-    dst.add_(src) (12 B). The in-place one is needed because most cells update
-    in place: on a CPU, copy_ also reads each dst line before writing it
-    (write-allocate, uncounted), so an in-place update ran at 1.6x copy_'s
-    counted bandwidth on this VM. The roofline is the best block of the faster
-    stream over every measurement of the run, and cells are charged at their
-    median, so "% of roofline" cannot exceed 100 unless a cell outruns both streams.
+    Two fp32 streams, src and dst together as large as the rotated input sets,
+    each charged the bytes it reads and writes: dst.copy_(src) (8 B per element)
+    and the in-place dst.add_(src) (12 B). The in-place one is needed because
+    most cells update in place: on a CPU, copy_ also reads each dst line before
+    writing it (write-allocate, uncounted), so an in-place update ran at 1.6x
+    copy_'s counted bandwidth on this VM.
+
+    A few calls of each stream are sampled at the start and after every cell,
+    and the roofline is the fastest call of the run. On a shared machine the
+    bandwidth a cell gets changes from one second to the next; a roofline taken
+    only at the start let a cell timed in a quieter moment reach 4x it. Cells are
+    charged at their median, so "% of roofline" stays <= 100 unless a cell
+    outruns both streams at their best.
     """
 
-    def __init__(self, device: torch.device, nbytes: int) -> None:
-        n = max(1, nbytes // 4)
-        # Constant fills: a stream's speed does not depend on its values, and drawing 2 x 256 MiB of
-        # random numbers took seconds of a `gradacc bench` run.
+    CALLS = 2  # per stream and sample: each call moves hundreds of MiB
+
+    def __init__(self, device: torch.device, nbytes: int, threads: int | None = None) -> None:
+        n = max(1, nbytes // 8)
+        # Constant fills: a stream's speed does not depend on its values, and drawing hundreds of MiB
+        # of random numbers took seconds of a `gradacc bench` run.
         self.src = torch.full((n,), 1.0, dtype=torch.float32, device=device)
         self.dst = torch.full((n,), 0.5, dtype=torch.float32, device=device)
         self.numel = n
-        self.runs: list[dict[str, float]] = []
+        self.threads = threads or torch.get_num_threads()
+        self.samples: list[dict[str, float]] = []
 
-    def measure(self, cfg: TimingConfig) -> dict[str, float]:
+    def sample(self) -> dict[str, float]:
         streams = {
-            "copy_gbps": (lambda: self.dst.copy_(self.src), 8),
+            "copy_gbps": ("dst.copy_(src)", 8),
             # A tiny alpha keeps dst near its values over thousands of adds (no overflow, no subnormals).
-            "inplace_gbps": (lambda: self.dst.add_(self.src, alpha=1e-30), 12),
+            "inplace_gbps": ("dst.add_(src, alpha=1e-30)", 12),
         }
-        run = {key: nbytes * self.numel / summarize(measure(fn, cfg))["best_s"] / 1e9 for key, (fn, nbytes) in
-               streams.items()}  # fmt: skip
-        self.runs.append(run)
-        return run
+        sample = {}
+        for key, (stmt, nbytes) in streams.items():
+            timer = Timer(stmt, globals={"src": self.src, "dst": self.dst}, num_threads=self.threads)
+            best = min(timer.timeit(1).raw_times[0] for _ in range(self.CALLS))
+            sample[key] = nbytes * self.numel / best / 1e9
+        self.samples.append(sample)
+        return sample
 
     @property
     def gbps(self) -> float:
-        return max(max(run.values()) for run in self.runs)
+        return max(max(sample.values()) for sample in self.samples)
 
     def free(self) -> None:
         self.src = self.dst = torch.empty(0)
