@@ -44,7 +44,7 @@ def test_timing_config_rejects_bad_values(bad):
 
 def test_roofline_is_the_fastest_stream_over_every_sample():
     roofline = timing.Roofline(torch.device("cpu"), 1 << 20, threads=1)
-    assert roofline.src.numel() + roofline.dst.numel() == (1 << 20) // 4  # together as large as the input sets
+    assert 4 * (roofline.src.numel() + roofline.dst.numel()) == (1 << 20) // 2  # half the bytes the sets move
     before = roofline.dst.clone()
     samples = [roofline.sample(), roofline.sample()]
     assert roofline.gbps == max(max(s.values()) for s in samples)
@@ -59,3 +59,12 @@ def test_counting_ops_prints_nothing_on_stderr(capfd):
     _, err = capfd.readouterr()
     assert count >= 1 and unit == "dispatched ops"
     assert err == ""  # the profiler's USDT start/stop lines go to fd 2; they must be dropped
+
+
+def test_a_cell_above_the_roofline_shows_no_percentage():
+    from gradacc_ext.benchmarking import report
+
+    cell = {"workload": "w", "op": "norm", "impl": "gradacc", "median_s": 1e-3, "spread": 0.5, "gbps": 9.0,
+            "pct_copy": None, "host_sync": "n/a", "first_call_s": 0.0}  # fmt: skip
+    row = report.results_table({"meta": {"device": "cpu"}, "cells": [cell]})[-1]
+    assert report.OVER_ROOFLINE in row and "%" not in row.replace("50.0%", "")

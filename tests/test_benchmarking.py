@@ -230,7 +230,10 @@ def test_run_and_write(tmp_path, small_sets: None) -> None:
     samples = saved["copy"]["samples"]
     assert roofline == max(max(s.values()) for s in samples) and len(samples) == 1 + 2  # start, then after each cell
     timed = [c for c in saved["cells"] if "median_s" in c]
-    assert all(c["pct_copy"] == pytest.approx(100 * c["gbps"] / roofline) for c in timed)
+    for c in timed:  # a % above 100 would mean the roofline missed the machine's best moment: not shown
+        pct = 100 * c["gbps"] / roofline
+        assert c["pct_copy"] == (pytest.approx(pct) if pct <= 100 else None)
+    assert all(("> roofline" in row) == (c["pct_copy"] is None) for row, c in zip(result_rows, timed, strict=True))
     assert "torch " + torch.__version__ in text and results["meta"]["commit"] in text
 
 

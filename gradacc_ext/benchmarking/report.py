@@ -10,6 +10,8 @@ from pathlib import Path
 from .impls import IMPL_TITLES, OURS
 from .targets import evaluate, speedup
 
+OVER_ROOFLINE = "> roofline: load changed, rerun"
+
 
 def _fmt(value: float | None, spec: str, missing: str = "—") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -37,7 +39,8 @@ def header(results: dict) -> list[str]:
         f"gradacc backend on this device: {meta['gradacc_backend']} ({meta['gradacc_backend_reason']}).",
         f"Roofline: {copy['gbps']:.2f} GB/s, the fastest call of two fp32 streams over {copy['bytes'] / 2**20:.0f} MiB "
         "(dst.copy_(src) charged 8 B/element, the in-place dst.add_(src) 12 B), sampled at the start and after "
-        "every cell; % copy = a cell's median GB/s / the roofline.",
+        f"every cell; % copy = a cell's median GB/s / the roofline (\"{OVER_ROOFLINE}\": the cell was timed "
+        "in a quieter moment than every sample, so its figure says more about the machine's load than the op).",
         f"Timing: torch.utils.benchmark.Timer.adaptive_autorange (calibrated calls per block; stops when the "
         f"blocks' IQR/median < {timing['threshold']:g} after >= {timing['min_time_s']:g} s, or at "
         f"{timing['max_time_s']:g} s); {meta['threads']} CPU thread{'s' if meta['threads'] > 1 else ''}; "
@@ -69,8 +72,8 @@ def results_table(results: dict) -> list[str]:
         ratio = "—" if c["impl"] == OURS else _fmt(speedup(cells, c["workload"], c["op"], c["impl"]), ".2f") + "x"
         lines.append(
             f"| {c['workload']} | {c['op']} | {title} | {c['median_s'] * 1e3:.3f} | {100 * c['spread']:.1f}% | "
-            f"{c['gbps']:.2f} | {c['pct_copy']:.1f} | {c.get('launches', '—')} | {c['host_sync']} | "
-            f"{c['first_call_s']:.2f} | {ratio} |"
+            f"{c['gbps']:.2f} | {_fmt(c['pct_copy'], '.1f', OVER_ROOFLINE)} | {c.get('launches', '—')} | "
+            f"{c['host_sync']} | {c['first_call_s']:.2f} | {ratio} |"
         )
     return lines
 

@@ -102,8 +102,10 @@ def summarize(m: Measurement) -> dict[str, float]:
 class Roofline:
     """The machine's streaming bandwidth, which no bandwidth-bound cell can beat.
 
-    Two fp32 streams, src and dst together as large as the rotated input sets,
-    each charged the bytes it reads and writes: dst.copy_(src) (8 B per element)
+    Two fp32 streams, src and dst together half as large as the bytes the rotated
+    input sets move (a cell's sets occupy at least that: no byte is counted more
+    than twice, read and written), so no cell runs more from cache than they do;
+    each stream charged the bytes it reads and writes: dst.copy_(src) (8 B per element)
     and the in-place dst.add_(src) (12 B). The in-place one is needed because
     most cells update in place: on a CPU, copy_ also reads each dst line before
     writing it (write-allocate, uncounted), so an in-place update ran at 1.6x
@@ -113,14 +115,14 @@ class Roofline:
     and the roofline is the fastest call of the run. On a shared machine the
     bandwidth a cell gets changes from one second to the next; a roofline taken
     only at the start let a cell timed in a quieter moment reach 4x it. Cells are
-    charged at their median, so "% of roofline" stays <= 100 unless a cell
-    outruns both streams at their best.
+    charged at their median; one that still beats the roofline was timed in a
+    quieter moment than every sample, and the report says so instead of a % > 100.
     """
 
     CALLS = 2  # per stream and sample: each call moves hundreds of MiB
 
     def __init__(self, device: torch.device, nbytes: int, threads: int | None = None) -> None:
-        n = max(1, nbytes // 8)
+        n = max(1, nbytes // 16)
         # Constant fills: a stream's speed does not depend on its values, and drawing hundreds of MiB
         # of random numbers took seconds of a `gradacc bench` run.
         self.src = torch.full((n,), 1.0, dtype=torch.float32, device=device)
