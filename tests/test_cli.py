@@ -356,3 +356,29 @@ def test_build_stamp_changes_with_what_the_build_depends_on(tmp_path, monkeypatc
     assert third != second
     (tmp_path / "gradacc_ext" / "_C.so").write_bytes(b"built")
     assert stamp.fingerprint(tmp_path) != third  # a new (or deleted) library means a new build
+
+
+@source_tree_only
+def test_packaging_metadata_uses_spdx_and_lists_tqdm():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "BSD-3-Clause"  # an SPDX expression, not the deprecated {text = ...} table
+    assert any(dep.startswith("tqdm") for dep in project["dependencies"])
+
+
+@source_tree_only
+def test_setup_without_numpy_prints_no_warning(tmp_path):
+    # A fresh venv builds before numpy arrives (it comes with the `test` extra); torch warns at import then.
+    site, tree = tmp_path / "site", tmp_path / "tree"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\nsys.modules['numpy'] = None  # as if not installed\n")
+    (tree / "gradacc_ext").mkdir(parents=True)  # a copy: setup.py writes its build config next to itself
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tree / name)
+    env = {**os.environ, "PYTHONPATH": str(site), "GRADACC_NO_EXT": "0"}
+    proc = subprocess.run(
+        [sys.executable, "setup.py", "--version"], cwd=tree, capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "NumPy" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr
