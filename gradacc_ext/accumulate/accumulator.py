@@ -132,7 +132,7 @@ class GradientAccumulator:
         self._end = WindowEnd(c, self._buffers, self._sync, self._loss_scale, self._stepper, self.stats)
         self._checkpoint = Checkpoint(c, self._window, self._buffers, self.stats, self._loss_scale, self._stepper)
         self._report = StatsReport(c, self._window, self.stats, self._loss_scale, self._end.norm, self.device)
-        self._hooks = GradHooks(self.params, self._buffers, c.bucket_size_bytes)  # last: it registers hooks
+        self._hooks = GradHooks(self.params, self._buffers, c.bucket_size_bytes, c.grad_views)  # last: registers hooks
 
     # -- owning the hooks -------------------------------------------------------------------------------------------
 

@@ -99,7 +99,10 @@ class GradientAccumulationConfig:
         while holding at most one bucket, about 5% of GPT-2 small's fp32
         gradients, beyond the buffers);
       release_buffers: free the buffers after every optimizer step, for
-        activations (re-created, without a zeroing pass, by the next window).
+        activations (re-created, without a zeroing pass, by the next window);
+      grad_views: between micro-steps of a window, make param.grad a view of
+        its buffer where the dtypes match, so autograd accumulates in place
+        (DDP's gradient_as_bucket_view); off by default, see benchmarks/NOTES.md.
     backend: "auto" (compiled kernels when available), "ext" or "torch" (reference).
     """
 
@@ -122,6 +125,7 @@ class GradientAccumulationConfig:
     track_memory: bool = True
     bucket_size_bytes: int = 25 * 1024 * 1024
     release_buffers: bool = False
+    grad_views: bool = False
     backend: str = "auto"
 
     def __post_init__(self) -> None:
@@ -171,6 +175,8 @@ class GradientAccumulationConfig:
         _positive_int("bucket_size_bytes", self.bucket_size_bytes)
         if not isinstance(self.release_buffers, bool):
             raise ValueError(f"GradientAccumulationConfig.release_buffers must be a bool, got {self.release_buffers!r}")
+        if not isinstance(self.grad_views, bool):
+            raise ValueError(f"GradientAccumulationConfig.grad_views must be a bool, got {self.grad_views!r}")
         _choice("backend", self.backend, BACKENDS)
 
     def _derive_steps(self) -> None:

@@ -11,6 +11,10 @@ that a backward outside the accumulator left in param.grad (it is counted in
 this micro-step). Peak gradient memory in backward is therefore the buffers
 plus about one bucket, instead of the buffers plus a full set of gradients.
 
+With config.grad_views, parameters whose gradient dtype is their buffer's
+get param.grad as a view of the buffer after their first micro-step, and
+autograd adds into it in place; the hooks leave those alone (grad_views.py).
+
 The hooks fold only while armed (inside the accumulator's backward); a
 backward run by the user outside it leaves param.grad to autograd, and the
 next armed backward picks it up.
@@ -30,6 +34,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .buffers import GradBuffers
+from .grad_views import GradViews
 
 # Parameter -> the GradHooks that owns it (weakly on both sides).
 _OWNERS: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -38,7 +43,9 @@ _OWNERS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 class GradHooks:
     """Queues gradients as autograd produces them and folds them into `buffers` in buckets."""
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], buffers: GradBuffers, bucket_bytes: int) -> None:
+    def __init__(
+        self, params: Sequence[torch.nn.Parameter], buffers: GradBuffers, bucket_bytes: int, grad_views: bool = False
+    ) -> None:
         for i, p in enumerate(params):
             owner = _OWNERS.get(p)
             if owner is not None and owner() is not None:
@@ -49,6 +56,7 @@ class GradHooks:
         self.params = list(params)
         self.buffers = buffers
         self.bucket_bytes = bucket_bytes
+        self.views = GradViews(buffers, grad_views)
         self.armed = False
         self.weight: float | torch.Tensor = 1.0
         self._queue: dict[int, torch.Tensor] = {}
@@ -74,14 +82,17 @@ class GradHooks:
     def arm(self, weight: float | torch.Tensor) -> None:
         """Starts folding, with `weight` for every gradient of this backward."""
         self.armed, self.weight = True, weight
-        self._folded_again, self._assigned = False, []
+        self._assigned = []
+        # Autograd adds into attached views in place: a failure in this backward cannot be undone.
+        self._folded_again = self.views.begin(weight)
 
     def finish(self) -> None:
         """Backward returned: fold the queue, and gradients left in param.grad by backwards outside ours."""
         for i, p in enumerate(self.params):
-            if p.grad is not None:
+            if p.grad is not None and not self.views.owns(i):
                 self._take(i, p)
         self._fold()
+        self.views.install(self.weight)
         self.armed = False
 
     def abort(self) -> bool:
@@ -97,7 +108,9 @@ class GradHooks:
         return not self._folded_again
 
     def _ready(self, i: int, param: torch.Tensor) -> None:
-        if self.armed:
+        if not self.armed:
+            self.views.check_unarmed(i)
+        elif not self.views.owns(i):
             self._take(i, param)
 
     def _take(self, i: int, param: torch.Tensor) -> None:
