@@ -36,7 +36,14 @@ CASES = {  # name: (param dtype, accum_dtype)
     "bf16+bf16 acc": (torch.bfloat16, None),
 }
 GPT2_SMALL_PARAMS = 124_439_808
-IMPLS = ("plain", "plain grad_dtype=fp32", "gradacc", "gradacc release_buffers", "gradacc baseline")
+IMPLS = (
+    "plain",
+    "plain grad_dtype=fp32",
+    "gradacc",
+    "gradacc grad_views",
+    "gradacc release_buffers",
+    "gradacc baseline",
+)
 
 
 class Block(torch.nn.Module):
@@ -144,6 +151,8 @@ def worker(args: argparse.Namespace) -> dict:
         # DDP's 25 MiB is 5.3% of GPT-2 small's fp32 gradients: a scaled-down model gets the same fraction.
         bucket = args.bucket_bytes or max(1, round(25 * 2**20 * n / GPT2_SMALL_PARAMS))
         options = {"release_buffers": True} if "release" in args.impl else {}
+        if "grad_views" in args.impl:
+            options["grad_views"] = True
         if args.impl != "gradacc baseline":
             options["bucket_size_bytes"] = bucket
         config = GradientAccumulationConfig(accumulation_steps=steps, accum_dtype=accum, **options)
@@ -212,6 +221,7 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=2, help="timed windows per implementation")
     # 5d7c6ab: main just before issue 9 (gradients materialised in full, then folded; persistent cast copies).
     parser.add_argument("--baseline", default="5d7c6ab", help="git ref of the baseline implementation")
+    parser.add_argument("--impls", nargs="+", choices=IMPLS, default=IMPLS, help="implementations to run")
     parser.add_argument("--case", choices=list(CASES), help=argparse.SUPPRESS)
     parser.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -222,12 +232,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         baseline = export_baseline(args.baseline, Path(tmp))
         for case in CASES:
-            for impl in IMPLS:
+            for impl in args.impls:
                 if impl == "plain grad_dtype=fp32" and case != "bf16+fp32 acc":
                     continue
+                if impl == "gradacc grad_views" and case == "bf16+fp32 acc":
+                    continue  # grad and buffer dtypes differ: no view is ever attached, the same as gradacc
                 path = str(baseline if impl == "gradacc baseline" else ROOT)
                 env = {**os.environ, "PYTHONPATH": path}
-                argv = [a for a in sys.argv[1:]] + ["--case", case, "--impl", impl]
+                argv = sys.argv[1:] + ["--case", case, "--impl", impl]
                 out = subprocess.run([sys.executable, __file__, *argv], env=env, capture_output=True, text=True)
                 if out.returncode:
                     raise SystemExit(f"{case} / {impl} failed:\n{out.stderr[-3000:]}")
