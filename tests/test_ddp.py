@@ -93,9 +93,10 @@ def check_mode(rank: int, mode: str) -> None:
     model = torch.nn.parallel.DistributedDataParallel(make_model(DTYPE, SEED))
     opt = torch.optim.AdamW(model.parameters(), lr=0.03, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
-    # A 64-byte bucket: gradients are folded into the buffers while each backward runs.
+    # A 64-byte bucket: gradients are folded into the buffers while each backward runs; in sum mode
+    # (weight 1) autograd adds into .grad views of the buffers from each window's second micro-step.
     config = GradientAccumulationConfig(
-        accumulation_steps=N, max_grad_norm=0.5, loss_normalization=mode, bucket_size_bytes=64
+        accumulation_steps=N, max_grad_norm=0.5, loss_normalization=mode, bucket_size_bytes=64, grad_views=mode == "sum"
     )
     acc = GradientAccumulator(model, opt, config, sched)
     reductions, all_reduce = [], dist.all_reduce
