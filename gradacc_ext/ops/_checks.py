@@ -38,7 +38,8 @@ def list_device(tensors: Sequence[torch.Tensor], fallback: torch.Tensor | None =
 
 def is_dense(t: torch.Tensor) -> bool:
     """c10's is_non_overlapping_and_dense, which Python does not expose: the dims of size >= 2, ordered by
-    stride, have exactly a contiguous tensor's strides (so the elements fill one block of memory)."""
+    stride, have exactly a contiguous tensor's strides (so the elements fill one block of memory).
+    Callers try t.is_contiguous() first: it is a C call, and a contiguous tensor is always dense."""
     expected = 1
     for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride(), strict=True) if sz >= 2):
         if stride != expected:
@@ -64,7 +65,7 @@ def check_list(
         if t.dtype not in SUPPORTED:
             raise TypeError(f"{op}: {arg}[{i}] has dtype {t.dtype}; expected float32, float16 or bfloat16")
         if dense_ok:
-            if not is_dense(t):
+            if not (t.is_contiguous() or is_dense(t)):
                 raise ValueError(
                     f"{op}: {arg}[{i}] is not dense (sizes {list(t.shape)}, strides {list(t.stride())}); "
                     "expected a dense non-overlapping tensor, such as a contiguous or channels_last one"

@@ -48,7 +48,7 @@ def _split(tensors: list[torch.Tensor]) -> tuple[dict[torch.device, list[torch.T
             rest += group
             continue
         for t in group:
-            dense = t.layout == torch.strided and (t.is_contiguous() or _checks.is_dense(t))  # C call first
+            dense = t.layout == torch.strided and (t.is_contiguous() or _checks.is_dense(t))
             (fused.setdefault(device, []) if dense else rest).append(t)
     return fused, rest
 
