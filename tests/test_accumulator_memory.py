@@ -277,7 +277,7 @@ def test_failed_backward_after_folding():
                 warnings.simplefilter("always")
                 with acc.micro_step():
                     acc.backward(failing(model, batches[1]))
-            assert [str(w.message) for w in caught if "discarded" in str(w.message)] != [] or not expect_warning
+            assert any("window was discarded" in str(w.message) for w in caught) == expect_warning
             assert acc._buffers.seen == [False] * 4 and acc.micro_steps_in_window == 0
         ref = copy.deepcopy(model)
         run(acc, batches)
