@@ -29,7 +29,7 @@ struct BFloat16 { uint16_t bits; };
 
 // The vector norms of torch.linalg.vector_norm. kL2 and kInf share the fast
 // path (sum of squares and max |x| in one pass); 0, 1 and -inf are exact
-// special cases; kP is any other p, through pow.
+// special cases; kP is any other p, through pow_d.
 enum class NormKind : int8_t { kL2 = 0, kInf = 1, kNegInf = 2, kZero = 3, kOne = 4, kP = 5 };
 
 GRADACC_HD uint32_t float_bits(float f) {

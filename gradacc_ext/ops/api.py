@@ -162,7 +162,7 @@ def global_norm(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Global p-norm of a list as a 0-d device tensor, for any order
     torch.linalg.vector_norm takes (0, 1, 2, inf and -inf are exact special
-    cases; another p goes through pow). The norm of nothing is 0.
+    cases; another p goes through exp(p log|x|)). The norm of nothing is 0.
 
     Tensors may be contiguous or dense in another memory order (channels_last),
     and float64 as well as fp32/fp16/bf16. Deterministic (bitwise-equal over
