@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ..distributed.grad_sync import FSDP2Sync, grad_sync_for
+from ..distributed.grad_sync import grad_sync_for
 from .buffers import GradBuffers
 from .config import GradientAccumulationConfig
 from .loss_scale import LossScale
@@ -117,9 +117,11 @@ class GradientAccumulator:
         self.module, self.params = _trainable(model_or_params)
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self._buffers = GradBuffers(self.params, config.accum_dtype, config.backend)
+        self._sync = grad_sync_for(self.module, self.params, config)  # validates; no collective runs
+        self._buffers = GradBuffers(
+            self.params, config.accum_dtype, config.backend, self._sync.layout(self.params), self._sync.param_grad
+        )
         self.device = self._buffers.device
-        self._sync = grad_sync_for(self.module)
         self._loss_scale = self._make_loss_scale(scaler)
         self._user_scaler = scaler
         # GradScaler's protocol: fused optimizers take found_inf (and grad_scale) as tensors.
@@ -132,6 +134,7 @@ class GradientAccumulator:
         self._pending: _DeferredFlag | None = None
         self._last_skipped: bool | None = None
         self._in_micro_step = False
+        self._closing = False  # micro_step(last=True): this micro-batch closes the window
         self._backward_done = False
         self._last_backpropagated: torch.Tensor | None = None
         self._reset_window()
@@ -176,23 +179,26 @@ class GradientAccumulator:
         return self._micro + 1 == self.accumulation_steps
 
     @contextlib.contextmanager
-    def micro_step(self) -> Iterator[GradientAccumulator]:
+    def micro_step(self, last: bool = False) -> Iterator[GradientAccumulator]:
         """Run one micro-batch's forward and backward() inside: enters DDP's no_sync and the configured autocast.
 
+        last=True: this micro-batch closes the window even if it is short (the
+        data's last batch); needed instead of flush() under HSDP and FSDP2's
+        "window" mode, where only a synced backward releases FSDP's sums.
         If the body raises, the partial gradients of that micro-batch are dropped
         and the window is left as it was before it.
         """
         if self._in_micro_step:
             raise RuntimeError("GradientAccumulator.micro_step() cannot be nested")
-        self._in_micro_step, self._backward_done = True, False
+        self._in_micro_step, self._backward_done, self._closing = True, False, bool(last)
         try:
-            with self._sync.context(), self._autocast():
+            with self._sync.context(self.sync_gradients or self._closing), self._autocast():
                 yield self
         except BaseException:
             self._drop_grads()
             raise
         finally:
-            self._in_micro_step = False
+            self._in_micro_step = self._closing = False
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         mode = self.config.mixed_precision
@@ -246,9 +252,9 @@ class GradientAccumulator:
         window's normaliser; only the part that completes a micro-batch counts
         as a micro-step, and only it can close the window.
         """
-        final = completes_micro_batch and self._micro + 1 == self.accumulation_steps
+        final = completes_micro_batch and (self._closing or self._micro + 1 == self.accumulation_steps)
         scaled = self._loss_scale.scale(loss) if self._loss_scale is not None else loss
-        self._sync.before_backward(final)
+        self._sync.before_backward(final, self._buffers)
         try:
             # Backward runs outside autocast (torch's recommendation); ops reuse the forward's dtypes.
             with torch.autocast(self.device.type, enabled=False):
@@ -259,7 +265,7 @@ class GradientAccumulator:
         self._commit_count(weighted, count)
         self._last_backpropagated = scaled.detach()
         self._backward_done = True
-        grads = [p.grad for p in self.params]
+        grads = [self._sync.local_grad(p.grad) for p in self.params]
         if completes_micro_batch:
             self._micro += 1
             self.stats.micro_step()
@@ -318,10 +324,11 @@ class GradientAccumulator:
                 "GradientAccumulator.backward: num_items must be given for every micro-batch of a "
                 "window or for none (it was omitted earlier in this window)"
             )
-        if isinstance(self._sync, FSDP2Sync) and mode == "mean":
+        if not self._sync.weights_micro_batches and mode == "mean":
             raise ValueError(
-                "GradientAccumulator.backward: with FSDP2, FSDP accumulates the window itself, so micro-batches "
-                "cannot be weighted; use loss_normalization='sum' with num_items, or omit num_items"
+                f"GradientAccumulator.backward: with {self._sync.name}, gradients are reduced across ranks before "
+                "the accumulator sees them, so micro-batches cannot be weighted; use loss_normalization='sum' with "
+                "num_items, or omit num_items"
             )
         if isinstance(num_items, torch.Tensor):
             if num_items.numel() != 1 or num_items.is_complex() or num_items.dtype == torch.bool:
@@ -361,17 +368,19 @@ class GradientAccumulator:
 
     def _close_window(self, grads: list[torch.Tensor | None] | None, weight: float | torch.Tensor | None) -> None:
         c, b = self.config, self._buffers
+        self._sync.before_finish()
         self._found_inf.zero_()
         count = self._window_count()
         if self._sync.reduces:
             if grads is not None:
-                b.add(grads, weight)
+                self._sync.add_final(b, grads, weight)
             self._sync.reduce(b, count)
             b.finish(self._inv_scale(count), self._found_inf, self._norm, c.norm_type)
         elif grads is not None:
             b.add_final(grads, weight, self._inv_scale(count), self._found_inf, self._norm, c.norm_type)
         else:
             b.finish(self._inv_scale(count), self._found_inf, self._norm, c.norm_type)
+        self._sync.global_norm(self._norm, self._found_inf, c.norm_type)
         b.clip(self._norm, c.max_grad_norm, c.clip_value)
         b.expose()
         scale = self._loss_scale.tensor(self.device).clone() if self._loss_scale is not None else None
@@ -530,7 +539,7 @@ class GradientAccumulator:
         if self._in_micro_step:
             raise RuntimeError("GradientAccumulator.state_dict: called inside micro_step()")
         self._resolve_pending()
-        return {
+        state = {
             "version": STATE_VERSION,
             "accumulation_steps": self.accumulation_steps,
             "loss_normalization": self.config.loss_normalization,
@@ -542,10 +551,12 @@ class GradientAccumulator:
             "stats": self.stats.counters(),
             "loss_scale": self._loss_scale.state_dict() if self._loss_scale is not None else None,
         }
+        return self._sync.wrap_state(state, self._buffers)  # FSDP2: DTensors, for torch.distributed.checkpoint
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"GradientAccumulator.load_state_dict: unknown state version {state.get('version')!r}")
+        state = self._sync.unwrap_state(state, self._buffers)
         for key in ("accumulation_steps", "loss_normalization"):
             mine = getattr(self.config, key)
             if state[key] != mine:

@@ -10,7 +10,7 @@ to the optimizer with grad None, as in a plain loop.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 
 import torch
@@ -61,19 +61,32 @@ def _reference_ops() -> SimpleNamespace:
 
 
 class GradBuffers:
-    """Flat accumulation buffers for `params` (trainable, on one device)."""
+    """Flat accumulation buffers for `params` (trainable, on one device).
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], accum_dtype: torch.dtype | None, backend: str) -> None:
+    layout: per parameter, the tensor whose shape the buffer mirrors (FSDP2: the
+    local shard; default: the parameter); grad_for(i, tensor) makes what the
+    optimizer sees as params[i].grad (FSDP2: a DTensor over the view).
+    """
+
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        accum_dtype: torch.dtype | None,
+        backend: str,
+        layout: Sequence[torch.Tensor] | None = None,
+        grad_for: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         self.params = list(params)
         self.backend = backend
-        if any(type(p).__name__ == "DTensor" or type(p.data).__name__ == "DTensor" for p in self.params):
-            # FSDP2's sharded parameters: the flat buffers would need local-shard shapes and a
-            # cross-shard norm; until then refuse rather than accumulate wrong shapes.
+        if layout is None and any(type(p).__name__ == "DTensor" for p in self.params):
+            # Local-shard shapes and a cross-shard norm come from gradacc_ext.distributed's FSDP2 strategy.
             raise TypeError(
-                "GradientAccumulator: DTensor (FSDP2 fully_shard) parameters are not supported by the accumulator's "
-                "own buffers yet; wrap the model with DDP, or use FSDP2's set_requires_gradient_sync directly"
+                "GradientAccumulator: DTensor (FSDP2 fully_shard) parameters need the fully_shard-ed model passed "
+                "to the accumulator (it lays the buffers over the local shards)"
             )
-        devices = {p.device for p in self.params}
+        self.layout = list(layout) if layout is not None else self.params
+        self.grad_for = grad_for or (lambda i, grad: grad)
+        devices = {t.device for t in self.layout}
         if len(devices) > 1:
             raise ValueError(
                 "GradientAccumulator: all trainable parameters must be on one device, "
@@ -81,17 +94,17 @@ class GradBuffers:
             )
         self.device = devices.pop() if devices else torch.device("cpu")
         buf_dtypes = [
-            accum_dtype if (accum_dtype is not None and p.dtype in LOW_PRECISION) else p.dtype for p in self.params
+            accum_dtype if (accum_dtype is not None and t.dtype in LOW_PRECISION) else t.dtype for t in self.layout
         ]
         self.flats: dict[torch.dtype, torch.Tensor] = {}
         self.views: list[torch.Tensor] = [torch.empty(0)] * len(self.params)
         for dtype in dict.fromkeys(buf_dtypes):
             members = [i for i, d in enumerate(buf_dtypes) if d == dtype]
-            flat = torch.empty(sum(self.params[i].numel() for i in members), dtype=dtype, device=self.device)
+            flat = torch.empty(sum(self.layout[i].numel() for i in members), dtype=dtype, device=self.device)
             offset = 0
             for i in members:
-                n = self.params[i].numel()
-                self.views[i] = flat[offset : offset + n].view(self.params[i].shape)
+                n = self.layout[i].numel()
+                self.views[i] = flat[offset : offset + n].view(self.layout[i].shape)
                 offset += n
             self.flats[dtype] = flat
         # Parameters whose buffer dtype differs from their own get their gradient
@@ -189,7 +202,7 @@ class GradBuffers:
     def expose(self) -> None:
         """param.grad = this window's gradient (a view, or a param-dtype copy); None if the window gave none."""
         if self._cast_index and self._cast_views is None:
-            self._cast_views = [torch.empty_like(self.params[i]) for i in self._cast_index]
+            self._cast_views = [torch.empty_like(self.layout[i]) for i in self._cast_index]
         if self._cast_index:
             # One fused cast per window; optimizers need grads in the parameter's dtype.
             torch._foreach_copy_(self._cast_views, [self.views[i] for i in self._cast_index])
@@ -197,7 +210,7 @@ class GradBuffers:
         else:
             cast = {}
         for i, p in enumerate(self.params):
-            p.grad = (cast[i] if i in cast else self.views[i]) if self.seen[i] else None
+            p.grad = self.grad_for(i, cast[i] if i in cast else self.views[i]) if self.seen[i] else None
 
     def release(self) -> None:
         """Start a new window: the buffers' contents become stale (the next add assigns)."""

@@ -1,0 +1,114 @@
+"""DistributedDataParallel: whole-buffer reduce at the window end, or DDP's own overlapped reducer.
+
+"buffer" (DDPSync): every micro-step runs under model.no_sync(); at the
+window end the accumulator's flat buffers and the item count are
+all-reduced (SUM) once, after the last backward: nothing overlaps.
+
+"overlap" (DDPOverlapSync): non-final micro-steps run under no_sync and
+accumulate into the flat buffers as usual. The final micro-step runs
+outside no_sync with param.grad set to the buffer views, so autograd adds
+the last gradient into the running sum in place and DDP's reducer
+all-reduces the whole window's sum bucket by bucket while the rest of
+the backward still runs (its bucketed, overlapped all-reduce), then
+copies the result back into the views. A comm hook makes the reduction a
+plain SUM (the accumulator divides by the global item count) and can
+communicate in bf16 while the buffers stay fp32. A short window closed
+by flush() had no synced backward and falls back to the buffer reduce.
+
+Either way the count is all-reduced too, so uneven per-rank num_items
+give the exact global mean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from .base import LocalSync
+
+if TYPE_CHECKING:
+    from ..accumulate.buffers import GradBuffers
+
+
+def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None, comm_dtype: torch.dtype | None) -> None:
+    """tensor = its SUM over the group, sent in comm_dtype when given (then rounded once on the way)."""
+    if comm_dtype is None or comm_dtype == tensor.dtype:
+        dist.all_reduce(tensor, group=group)
+        return
+    low = tensor.to(comm_dtype)
+    dist.all_reduce(low, group=group)
+    tensor.copy_(low)
+
+
+class DDPSync(LocalSync):
+    needs_context = True
+    reduces = True
+    name = "ddp"
+
+    def __init__(self, model: DistributedDataParallel, comm_dtype: torch.dtype | None = None) -> None:
+        self.model = model
+        self.group = model.process_group
+        self.comm_dtype = comm_dtype
+
+    def context(self, final: bool) -> contextlib.AbstractContextManager:
+        return self.model.no_sync()
+
+    def reduce(self, buffers: GradBuffers, count: torch.Tensor) -> None:
+        buffers.include_all()
+        for flat in buffers.flats.values():
+            all_reduce_sum(flat, self.group, self.comm_dtype)
+        dist.all_reduce(count, group=self.group)
+
+
+def _sum_hook(sync: DDPOverlapSync, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: SUM (no division by the world size), optionally in a lower precision."""
+    buffer = bucket.buffer()
+    if sync.comm_dtype is None or sync.comm_dtype == buffer.dtype:
+        return dist.all_reduce(buffer, group=sync.group, async_op=True).get_future().then(lambda f: f.value()[0])
+    low = buffer.to(sync.comm_dtype)
+
+    def back(fut: torch.futures.Future) -> torch.Tensor:
+        return buffer.copy_(fut.value()[0])
+
+    return dist.all_reduce(low, group=sync.group, async_op=True).get_future().then(back)
+
+
+class DDPOverlapSync(DDPSync):
+    weights_micro_batches = False  # the closing micro-step's gradient is reduced as autograd produces it
+    name = "ddp-overlap"
+
+    def __init__(self, model: DistributedDataParallel, comm_dtype: torch.dtype | None = None) -> None:
+        super().__init__(model, comm_dtype)
+        model.register_comm_hook(self, _sum_hook)
+        self._synced = False  # the open micro-step runs outside no_sync
+
+    def context(self, final: bool) -> contextlib.AbstractContextManager:
+        self._synced = final
+        return contextlib.nullcontext() if final else self.model.no_sync()
+
+    def before_backward(self, final: bool, buffers: GradBuffers) -> None:
+        if self._synced != final:
+            raise RuntimeError(
+                "GradientAccumulator: ddp_reduce='overlap' needs exactly one backward per micro_step() (DDP reduces "
+                "during the closing one); split micro-batches (AdaptiveGradientAccumulator) need ddp_reduce='buffer'"
+            )
+        if final:
+            # The running sum becomes param.grad: autograd accumulates into it and DDP reduces it.
+            buffers.include_all()
+            for param, view in zip(buffers.params, buffers.views, strict=True):
+                param.grad = view
+
+    def add_final(self, buffers: GradBuffers, grads: list[torch.Tensor | None], weight: float | torch.Tensor) -> None:
+        if not self._synced:
+            buffers.add(grads, weight)
+
+    def reduce(self, buffers: GradBuffers, count: torch.Tensor) -> None:
+        if self._synced:  # DDP's reducer already summed the buffers during the backward
+            self._synced = False
+            dist.all_reduce(count, group=self.group)
+            return
+        super().reduce(buffers, count)
