@@ -64,8 +64,8 @@ class DDPSync(LocalSync):
         dist.all_reduce(count, group=self.group)
 
 
-def _sum_hook(sync: DDPOverlapSync, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook: SUM (no division by the world size), optionally in a lower precision."""
+def _sum_hook(sync, bucket):  # unannotated: DDP checks the annotations, which `from __future__` makes strings
+    """DDP comm hook (DDPOverlapSync, dist.GradBucket) -> Future[Tensor]: SUM, no division by the world size."""
     buffer = bucket.buffer()
     if sync.comm_dtype is None or sync.comm_dtype == buffer.dtype:
         return dist.all_reduce(buffer, group=sync.group, async_op=True).get_future().then(lambda f: f.value()[0])
