@@ -55,6 +55,15 @@ def check_setup(
             "GradientAccumulationConfig.ddp_reduce='overlap' needs a DistributedDataParallel model; "
             f"this one is {kind!r}: use ddp_reduce='buffer' (the default)"
         )
+    if config.ddp_reduce == "overlap" and config.accum_dtype is not None:
+        names = _names(module, params)
+        low = [(n, p.dtype) for n, p in zip(names, params, strict=True) if p.dtype in (torch.float16, torch.bfloat16)]
+        if low:
+            raise ValueError(
+                f"GradientAccumulationConfig.ddp_reduce='overlap' hands the buffers to DDP as param.grad, so they must "
+                f"have the parameters' dtype, but {low[0][0]} is {low[0][1]} with accum_dtype={config.accum_dtype}: "
+                "use ddp_reduce='buffer' (fp32 accumulation, reduced once), or accum_dtype=None"
+            )
     _check_world(config, world, kind)
     return kind
 
