@@ -6,15 +6,31 @@ collective, the group would be out of step and this would hang or fail.
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+
 import pytest
 import torch
 import torch.distributed as dist
-from _dist import launch, make_model, needs_gloo
+from _dist import (
+    STEPS,
+    assert_params_equal,
+    global_batches,
+    launch,
+    loss_and_items,
+    make_model,
+    make_optimizer,
+    needs_gloo,
+    reference,
+    shard,
+)
 from test_fsdp import fsdp_model
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from gradacc_ext import GradientAccumulationConfig, GradientAccumulator
+from gradacc_ext import AdaptiveGradientAccumulator, GradientAccumulationConfig, GradientAccumulator
+
+SEED = 13
 
 
 def config(**kw) -> GradientAccumulationConfig:
@@ -94,3 +110,43 @@ def worker(rank: int, world: int) -> None:
 @needs_gloo
 def test_bad_setups_fail_before_any_collective():
     launch(worker, 2)
+
+
+def adaptive_worker(rank: int, world: int) -> None:
+    """Rank 0 runs out of memory once: under DDP it splits alone and stays exact; under FSDP2 every rank fails."""
+    batches = global_batches("mean", world, SEED)
+    oom_once = [rank == 0]
+
+    def loss_fn(model, batch):
+        if oom_once[0]:
+            oom_once[0] = False
+            raise torch.OutOfMemoryError("injected")
+        return loss_and_items(model, batch)[0]
+
+    ddp = torch.nn.parallel.DistributedDataParallel(make_model())
+    opt = make_optimizer(ddp.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+    acc = AdaptiveGradientAccumulator(
+        ddp, opt, config(accumulation_steps=STEPS, max_grad_norm=0.5), sched, micro_batch_size=2
+    )
+    for batch in batches:
+        acc.step_batch(shard(batch, rank), loss_fn)
+    acc.flush()
+    assert acc.micro_batch_size == (1 if rank == 0 else 2)
+    assert_params_equal(ddp.module, reference("mean", world, SEED))
+
+    group = dist.new_group(timeout=timedelta(seconds=3))  # FSDP's collectives time out fast here
+    model = fsdp_model(DeviceMesh.from_group(group, "cpu"))
+    acc = AdaptiveGradientAccumulator(model, make_optimizer(model.parameters()), config())
+    oom_once[0] = rank == 0
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="cannot split alone" if rank == 0 else ""):
+        acc.step_batch(shard(batches[0], rank), loss_fn)
+    assert time.monotonic() - start < 30
+    dist.barrier()
+
+
+@pytest.mark.distributed
+@needs_gloo
+def test_adaptive_oom_on_one_rank():
+    launch(adaptive_worker, 2)

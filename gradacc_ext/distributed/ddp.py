@@ -79,6 +79,7 @@ def _sum_hook(sync, bucket):  # unannotated: DDP checks the annotations, which `
 
 class DDPOverlapSync(DDPSync):
     weights_micro_batches = False  # the closing micro-step's gradient is reduced as autograd produces it
+    splits_alone = False  # forward/backward run collectives: a rank splitting alone would desync them
     name = "ddp-overlap"
 
     def __init__(self, model: DistributedDataParallel, comm_dtype: torch.dtype | None = None) -> None:

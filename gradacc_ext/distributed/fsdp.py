@@ -53,6 +53,7 @@ FSDP_REDUCE = ("micro_step", "window")
 class FSDP2Sync(LocalSync):
     reduces = True
     weights_micro_batches = False  # FSDP reduces each micro-step's gradient before the accumulator sees it
+    splits_alone = False  # forward/backward run collectives: a rank splitting alone would desync them
 
     def __init__(self, model: torch.nn.Module, params: Sequence[torch.nn.Parameter], mode: str, hsdp: bool) -> None:
         self.model = model
