@@ -126,13 +126,13 @@ def test_fused_adamw_path_matches_and_defers_scheduler(fused):
     opt = make_optimizer("adamw", model.parameters(), fused=fused)
     sched = make_scheduler(opt)
     acc = GradientAccumulator(model, opt, GradientAccumulationConfig(accumulation_steps=n, max_grad_norm=0.2), sched)
-    assert acc._fused_step is fused
+    assert acc._stepper.fused is fused
     for i, batch in enumerate(batches):
         with acc.micro_step():
             acc.backward(mse(model, batch))
         if fused and i == 1:
             # The first window's outcome is not read yet: the scheduler waits for the next step or a read.
-            assert acc._pending is not None and sched.last_epoch == 0
+            assert acc._stepper.pending is not None and sched.last_epoch == 0
     acc.flush()
     ref_opt = make_optimizer("adamw", ref.parameters())
     ref_sched = make_scheduler(ref_opt)

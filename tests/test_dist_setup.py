@@ -94,7 +94,7 @@ def worker(rank: int, world: int) -> None:
     x = torch.randn(2, 5, dtype=torch.float64)
     other = fsdp_model(mesh)  # one accumulator per model
     weighted = GradientAccumulator(other, sgd(other), config())
-    expect(ValueError, "with fsdp, .* cannot be weighted", lambda: weighted.backward(other(x).mean(), num_items=2))
+    expect(ValueError, "cannot be weighted", lambda: weighted.backward(other(x).mean(), num_items=2))
     acc = GradientAccumulator(model, sgd(model), config(accumulation_steps=3, fsdp_reduce="window"))
     with acc.micro_step():
         acc.backward(model(x).sum())

@@ -147,7 +147,7 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
         out = loss_fn(self.module, chunk)
         loss, num_items = out if isinstance(out, tuple) else (out, None)
         self._check_loss(loss)
-        weight, count = self._weight(num_items)
+        weight, count = self._window.weight(num_items)
         if num_items is None:
             # A mean loss over this chunk stands for n/total of the micro-batch's mean.
             weight, count = n / total, n / total
