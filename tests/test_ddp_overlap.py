@@ -22,7 +22,7 @@ from _dist import (
     needs_gloo,
     reference,
 )
-from test_fsdp import run
+from test_fsdp import check_resume, run
 
 from gradacc_ext import GradientAccumulationConfig, GradientAccumulator
 from gradacc_ext.distributed.ddp import DDPOverlapSync
@@ -31,31 +31,33 @@ pytestmark = [pytest.mark.distributed, needs_gloo]
 SEED = 9
 
 
-def build(kind: str, dtype=torch.float64, comm_dtype=None):
+def build(kind: str, dtype=torch.float64, comm_dtype=None, reduce: str = "overlap"):
     model = torch.nn.parallel.DistributedDataParallel(make_model(dtype), bucket_cap_mb=1e-4)  # several buckets
     opt = make_optimizer(model.parameters())
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
     config = GradientAccumulationConfig(
-        accumulation_steps=STEPS, max_grad_norm=0.5, loss_normalization=kind, ddp_reduce="overlap",
+        accumulation_steps=STEPS, max_grad_norm=0.5, loss_normalization=kind, ddp_reduce=reduce,
         comm_dtype=comm_dtype,
     )
-    return model, sched, GradientAccumulator(model, opt, config, sched)
+    return model, opt, sched, GradientAccumulator(model, opt, config, sched)
 
 
-def worker(rank: int, world: int) -> None:
+def worker(rank: int, world: int, ckpt: str) -> None:
     for kind, close, inject in (("sum", "flush", None), ("sum", "last", (4, 0)), ("mean", "last", None)):
-        model, sched, acc = build(kind)
+        model, _, sched, acc = build(kind)
         assert isinstance(acc._sync, DDPOverlapSync)
         run(acc, model, global_batches(kind, world, SEED), rank, close=close, inject=inject)
         assert_params_equal(model.module, reference(kind, world, SEED, None if inject is None else inject[0] // STEPS))
         assert (acc.optimizer_steps, acc.skipped_steps) == ((2, 1) if inject else (3, 0))
         assert sched.last_epoch == acc.optimizer_steps
-    model, _, acc = build("sum", torch.float32, torch.bfloat16)
+    model, _, _, acc = build("sum", torch.float32, torch.bfloat16)
     run(acc, model, global_batches("sum", world, SEED, torch.float32), rank, close="last")
     ref = reference("sum", world, SEED, dtype=torch.float32)
     assert_params_equal(model.module, ref, rtol=1e-2, atol=1e-2)
     assert any(not torch.equal(p, q) for p, q in zip(full_params(model.module), full_params(ref), strict=True))
+    # Mid-window DCP checkpoint: each rank's unreduced buffers and counts are its own rows.
+    check_resume(rank, world, lambda: build("sum", reduce="buffer"), ckpt, SEED)
 
 
-def test_ddp_overlap_two_ranks_equals_full_batch():
-    launch(worker, 2)
+def test_ddp_overlap_two_ranks_equals_full_batch_and_resumes(tmp_path):
+    launch(worker, 2, str(tmp_path / "ckpt"))

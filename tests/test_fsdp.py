@@ -86,20 +86,23 @@ def fsdp_worker(rank: int, world: int, ckpt: str) -> None:
     run(acc, model, global_batches("sum", world, SEED, torch.float32), rank, close="flush")
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     assert_params_equal(model, reference("sum", world, SEED, dtype=torch.float32, sgd=True), rtol=2e-2, atol=2e-2)
-    check_resume(rank, world, mesh, ckpt)
+    check_resume(rank, world, lambda: build(mesh, "sum", "micro_step"), ckpt)
 
 
-def check_resume(rank: int, world: int, mesh, ckpt: str) -> None:
-    """Save mid-window (2 micro-steps into window 2) with DCP, resume in fresh objects: same as uninterrupted."""
-    batches, cut = global_batches("sum", world, SEED), STEPS + 2
-    model, opt, sched, acc = build(mesh, "sum", "micro_step")
+def check_resume(rank: int, world: int, make, ckpt: str, seed: int = SEED) -> None:
+    """Save mid-window (2 micro-steps into window 2) with DCP, resume in fresh objects: same as uninterrupted.
+
+    make() -> (model, optimizer, scheduler, accumulator), built the same way each call.
+    """
+    batches, cut = global_batches("sum", world, seed), STEPS + 2
+    model, opt, sched, acc = make()
     run(acc, model, batches, rank, close="flush", stop=cut)
     msd, osd = get_state_dict(model, opt)
     dcp.save({"model": msd, "optim": osd, "acc": acc.state_dict()}, checkpoint_id=ckpt)
     sched_state = sched.state_dict()  # the same on every rank: saved as usual
     run(acc, model, batches, rank, close="flush", start=cut)
 
-    model2, opt2, sched2, acc2 = build(mesh, "sum", "micro_step")
+    model2, opt2, sched2, acc2 = make()
     msd, osd = get_state_dict(model2, opt2)
     state = {"model": msd, "optim": osd, "acc": acc2.state_dict()}
     dcp.load(state, checkpoint_id=ckpt)
@@ -109,7 +112,7 @@ def check_resume(rank: int, world: int, mesh, ckpt: str) -> None:
     assert acc2.micro_steps_in_window == 2
     run(acc2, model2, batches, rank, close="flush", start=cut)
     assert_params_equal(model2, model, rtol=0, atol=0)
-    assert_params_equal(model2, reference("sum", world, SEED))
+    assert_params_equal(model2, reference("sum", world, seed))
 
 
 def test_fsdp2_two_ranks_modes_mixed_precision_and_resume(tmp_path):

@@ -22,13 +22,15 @@ give the exact global mean.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
 from .base import LocalSync
+from .rank_state import pack_counts, per_rank, unpack_counts
 
 if TYPE_CHECKING:
     from ..accumulate.buffers import GradBuffers
@@ -62,6 +64,26 @@ class DDPSync(LocalSync):
         for flat in buffers.flats.values():
             all_reduce_sum(flat, self.group, self.comm_dtype)
         dist.all_reduce(count, group=self.group)
+
+    def wrap_state(self, state: dict[str, Any], buffers: GradBuffers) -> dict[str, Any]:
+        """Each rank's unreduced buffers, seen flags and counts as its row of a DTensor (DCP keeps every rank's)."""
+        mesh = DeviceMesh.from_group(self.group, buffers.device.type)
+        out = pack_counts(state, mesh, buffers.device)
+        seen = torch.tensor(state["buffers"]["seen"], dtype=torch.float64, device=buffers.device)
+        out["buffers"] = {
+            "flats": {str(d): per_rank(f, mesh) for d, f in buffers.flats.items()},  # views: DCP loads in place
+            "seen": per_rank(seen, mesh),
+        }
+        return out
+
+    def unwrap_state(self, state: dict[str, Any], buffers: GradBuffers) -> dict[str, Any]:
+        out = unpack_counts(state)
+        saved = state["buffers"]
+        out["buffers"] = {
+            "flats": {d: f.to_local().reshape(-1) for d, f in saved["flats"].items()},
+            "seen": [bool(s) for s in saved["seen"].to_local().reshape(-1).tolist()],
+        }
+        return out
 
 
 def _sum_hook(sync, bucket):  # unannotated: DDP checks the annotations, which `from __future__` makes strings

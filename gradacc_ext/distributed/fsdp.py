@@ -40,9 +40,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor
 
 from .base import LocalSync
+from .rank_state import pack_counts, unpack_counts
 
 if TYPE_CHECKING:
     from ..accumulate.buffers import GradBuffers
@@ -119,36 +120,21 @@ class FSDP2Sync(LocalSync):
     # -- checkpoints (torch.distributed.checkpoint) -----------------------------------------------------------------
 
     def wrap_state(self, state: dict[str, Any], buffers: GradBuffers) -> dict[str, Any]:
-        """Buffers as DTensors over their views and per-rank counts as a [world, 3] DTensor, so DCP shards them.
+        """Buffers as DTensors over their views (sharded like the parameters), per-rank counts as rows.
 
         DCP loads in place: loading into this state writes the buffers directly.
         """
         if self._held:
             raise RuntimeError(self._held_message("take a mid-window checkpoint"))
-        out = dict(state)
+        out = pack_counts(state, self.mesh, buffers.device)
         out["buffers"] = {
             "grads": {str(i): self.param_grad(i, view) for i, view in enumerate(buffers.views)},
             "seen": list(state["buffers"]["seen"]),
         }
-        dev = state["count_dev"]
-        local = torch.tensor(
-            [[state["count_host"], 0.0 if dev is None else float(dev.sum()), float(dev is not None)]],
-            dtype=torch.float64,
-            device=buffers.device,
-        )
-        out["count_host"] = out["count_dev"] = None
-        out["counts"] = DTensor.from_local(
-            local, self.mesh, [Shard(0)] * self.mesh.ndim, shape=(self.mesh.size(), 3), stride=(3, 1)
-        )
         return out
 
     def unwrap_state(self, state: dict[str, Any], buffers: GradBuffers) -> dict[str, Any]:
-        if "counts" not in state:
-            raise ValueError(
-                "GradientAccumulator.load_state_dict: this state was not saved from an FSDP2 accumulator's "
-                "state_dict() (no sharded 'counts'); load the state of a run with the same sharding"
-            )
-        out = dict(state)
+        out = unpack_counts(state)
         grads = [self.local_grad(state["buffers"]["grads"][str(i)]).reshape(-1) for i in range(len(buffers.views))]
         out["buffers"] = {
             "flats": {
@@ -157,7 +143,4 @@ class FSDP2Sync(LocalSync):
             },
             "seen": state["buffers"]["seen"],
         }
-        host, dev, has_dev = out.pop("counts").to_local().reshape(3).tolist()
-        out["count_host"] = host
-        out["count_dev"] = torch.tensor([dev], dtype=torch.float64) if has_dev else None
         return out
