@@ -35,8 +35,10 @@ def build(args: argparse.Namespace, world: int):
     if args.mode == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     else:
-        shape = (world,) if args.mode == "fsdp" else (2, world // 2)  # HSDP: replicate x shard
-        mesh = init_device_mesh("cpu", shape)
+        if args.mode == "fsdp":
+            mesh = init_device_mesh("cpu", (world,))
+        else:  # HSDP: replicate x shard
+            mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
         for module in (model[0], model[2], model):
             fully_shard(module, mesh=mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)

@@ -100,11 +100,12 @@ def _check_sharded(
     wanted = config.sharding if config.sharding != "auto" else kind
     if kind is None or kind != wanted or any(tuple(p.placements) != found for p in params):
         need = wanted or "fsdp"
+        shape = "(replicas, shards), mesh_dim_names=(...)" if need == "hsdp" else "(world,)"
         raise ValueError(
             f"GradientAccumulator: sharding={config.sharding!r} needs a {len(PLACEMENTS[need])}-D mesh with placements "
             f"{PLACEMENTS[need]} ({'replicate x shard' if need == 'hsdp' else 'shard'}); the model's mesh has "
             f"{mesh.ndim} dim(s) {mesh.mesh_dim_names or ''} and placements {found}: build the mesh with "
-            f"init_device_mesh(device, {'(replicas, shards)' if need == 'hsdp' else '(world_size,)'}) for "
+            f"init_device_mesh(device, {shape}) for "
             f"fully_shard, or set GradientAccumulationConfig.sharding to {kind or 'the mesh you built'!r}"
         )
     if mesh.size() != dist.get_world_size():
