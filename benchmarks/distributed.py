@@ -15,9 +15,10 @@ Contenders (same model, data and window on every rank):
 Window time: median wall time of a window (all micro-steps, the reduction, clipping and the
 optimizer step) over the timed windows, rank 0's clock after a barrier. Peak memory: the
 gradient storage held between windows (gradacc's flat buffers; a plain loop's .grad, None
-after zero_grad) plus the largest sum of CPU allocations above the window's start, from
-torch.profiler memory events at operator granularity, over one extra profiled window; it
-holds activations (equal for all contenders) plus gradients and communication buffers.
+after zero_grad) plus the peak of CPU allocations above the window's start, from every
+allocation and free torch.profiler records ("[memory]" events), over one extra profiled
+window; it holds activations and all-gathered parameters (equal for all contenders of a
+wrapper) plus gradients and communication buffers.
 On a one-machine CPU run the ranks share the cores, so communication cannot truly overlap
 compute; a one-GPU run cannot show cross-rank overlap either. Multi-GPU NCCL runs are needed for that and were not done.
 """
@@ -111,11 +112,11 @@ def build(name: str, width: int, layers: int, world: int):
 
 
 def peak_bytes(prof) -> int:
-    """Largest running sum of CPU allocation deltas, events in start order (operator granularity)."""
-    events = sorted((e for e in prof.events() if e.self_cpu_memory_usage), key=lambda e: e.time_range.start)
+    """Largest running sum of the profiler's allocation/free events ("[memory]", bytes +/-), in time order."""
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     live = peak = 0
-    for e in events:
-        live += e.self_cpu_memory_usage
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()
         peak = max(peak, live)
     return peak
 
