@@ -7,21 +7,18 @@
             stepped = acc.backward(loss)       # True when this micro-batch closed a window
     acc.flush()                                # applies the short last window, weighted by its real size
 
-The accumulator runs micro-steps; its collaborators do the rest. GradBuffers
-holds the window's gradient SUM (each backward's fresh gradients are added,
-the first one assigned, so no zeroing pass). Window keeps the normaliser and
-weighs micro-steps. WindowEnd normalises, unscales, checks and clips once per
-window and has OptimizerStepper take the step (deferring the scheduler's
-without a host sync). Checkpoint saves and restores a window mid-way, and
-StatsReport builds the guides' stats dicts.
-
-The accumulator is built in two phases: __init__ keeps the config, and
+The accumulator runs micro-steps; collaborators do the rest: GradBuffers (the window's gradient SUM),
+GradHooks (folds gradients into it in buckets while backward runs), Window (normaliser, weights),
+WindowEnd (normalise, unscale, check, clip) with OptimizerStepper (step, deferred scheduler step),
+Checkpoint and StatsReport. It owns hooks on its parameters: use it as a context manager or call
+close() (garbage collection removes them too). Two-phase construction: __init__ keeps the config,
 _attach() does everything that needs the model and optimizer.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,12 +28,13 @@ from ..distributed.grad_sync import grad_sync_for
 from .buffers import GradBuffers
 from .checkpoint import Checkpoint
 from .config import GradientAccumulationConfig
+from .hooks import GradHooks
 from .loss_scale import LossScale
 from .params import trainable
-from .reports import StatsReport
+from .reports import StatsReport, check_same_objects
 from .stats import AccumulatorStats, StepInfo
 from .stepper import OptimizerStepper
-from .window import Window
+from .window import Window, check_loss
 from .window_end import WindowEnd
 
 LossFn = Callable[[Any, Any], "torch.Tensor | tuple[torch.Tensor, int | torch.Tensor]"]
@@ -86,9 +84,8 @@ class GradientAccumulator:
         self.module, self.params = trainable(model_or_params)
         self.optimizer, self.scheduler = optimizer, scheduler
         self._sync = grad_sync_for(self.module, self.params, c)  # validates the setup; no collective runs
-        self._buffers = GradBuffers(
-            self.params, c.accum_dtype, c.backend, self._sync.layout(self.params), self._sync.param_grad
-        )
+        # The strategy also maps sharded parameters to their local shards for the buffers (FSDP2).
+        self._buffers = GradBuffers(self.params, c.accum_dtype, c.backend, release=c.release_buffers, shards=self._sync)
         self.device = self._buffers.device
         self._loss_scale = LossScale.for_config(c, scaler, self.device)
         self.stats = AccumulatorStats(self.device, c.grad_norm_history, c.track_memory)
@@ -97,6 +94,19 @@ class GradientAccumulator:
         self._end = WindowEnd(c, self._buffers, self._sync, self._loss_scale, self._stepper, self.stats)
         self._checkpoint = Checkpoint(c, self._window, self._buffers, self.stats, self._loss_scale, self._stepper)
         self._report = StatsReport(c, self._window, self.stats, self._loss_scale, self._end.norm, self.device)
+        self._hooks = GradHooks(self.params, self._buffers, c.bucket_size_bytes)  # last: it registers hooks
+
+    # -- owning the hooks -------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Removes the hooks: the parameters get plain .grad behaviour again. Does not apply the open window."""
+        self._hooks.close()
+
+    def __enter__(self) -> GradientAccumulator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- running micro-batches --------------------------------------------------------------------------------------
 
@@ -150,23 +160,13 @@ class GradientAccumulator:
                 "GradientAccumulator.backward: with a DistributedDataParallel model the forward and backward must "
                 "run inside `with acc.micro_step():` (DDP decides during forward whether to all-reduce)"
             )
+        if self._hooks.closed:
+            raise RuntimeError("GradientAccumulator.backward: the accumulator is closed")
         if self._in_micro_step and self._backward_done:
             raise RuntimeError("GradientAccumulator.backward: called twice inside one micro_step()")
-        self._check_loss(loss)
+        check_loss(loss)
         weight, count = self._window.weight(num_items)
         return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=True)
-
-    @staticmethod
-    def _check_loss(loss: object) -> None:
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
-            raise ValueError(
-                "GradientAccumulator.backward: loss must be a one-element tensor that requires grad, got "
-                + (
-                    f"shape {list(loss.shape)}, requires_grad={loss.requires_grad}"
-                    if isinstance(loss, torch.Tensor)
-                    else type(loss).__name__
-                )
-            )
 
     def _backprop(
         self,
@@ -185,27 +185,40 @@ class GradientAccumulator:
         """
         final = completes_micro_batch and (self._closing or self._window.micro + 1 == self.accumulation_steps)
         scaled = self._loss_scale.scale(loss) if self._loss_scale is not None else loss
-        self._sync.before_backward(final, self._buffers)
+        # False: the wrapper reduces straight into the buffers (DDP overlap's closing backward); no folding.
+        folds = self._sync.before_backward(final, self._buffers)
+        if folds:
+            self._hooks.arm(weight)
         try:
             # Backward runs outside autocast (torch's recommendation); ops reuse the forward's dtypes.
             with torch.autocast(self.device.type, enabled=False):
                 scaled.reshape(()).backward()
+            self._hooks.finish() if folds else self._drop_grads()
         except BaseException:
-            self._drop_grads()
+            self._abort_backward(undoable=folds)
             raise
         self._window.commit(weighted, count)
         self._last_backpropagated = scaled.detach()
         self._backward_done = True
-        grads = [self._sync.local_grad(p.grad) for p in self.params]
         if completes_micro_batch:
             self._window.micro += 1
             self.stats.micro_step()
         if final:
-            self._end.close(self._window, grads, weight)
-            return True
-        self._buffers.add(grads, weight)
+            self._end.close(self._window)
+        return final
+
+    def _abort_backward(self, undoable: bool = True) -> None:
+        """A failed backward: undo what it folded, or discard the window when that cannot be exact."""
         self._drop_grads()
-        return False
+        if not self._hooks.abort() or not undoable:
+            self._buffers.release()
+            self._window.reset()
+            warnings.warn(
+                "GradientAccumulator: a backward failed after part of its gradient was added to the window's sums; "
+                "the open window was discarded (the next micro-batch starts a new one)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def step_batch(self, batch: Any, loss_fn: LossFn) -> bool:
         """One micro-batch through a callable: loss_fn(model, batch) -> loss or (loss, num_items)."""
@@ -225,7 +238,7 @@ class GradientAccumulator:
         self._stepper.resolve()
         if self._window.micro == 0:
             return False
-        self._end.close(self._window, None, None)
+        self._end.close(self._window)
         self._stepper.resolve()
         return True
 
@@ -289,16 +302,10 @@ class GradientAccumulator:
         model/optimizer/scaler may be passed as in the guides' call shape; each
         must be the object this accumulator was built with.
         """
-        for name, given, mine in (
-            ("model", model, self.module),
-            ("optimizer", optimizer, self.optimizer),
-            ("scaler", scaler, self._loss_scale.scaler if self._loss_scale is not None else None),
-        ):
-            if given is not None and given is not mine:
-                raise ValueError(
-                    f"GradientAccumulator.accumulate_gradients: the {name} passed is not the one this accumulator "
-                    "was built with"
-                )
+        own_scaler = self._loss_scale.scaler if self._loss_scale is not None else None
+        check_same_objects(
+            model=(model, self.module), optimizer=(optimizer, self.optimizer), scaler=(scaler, own_scaler)
+        )
         closed = self.backward(loss, num_items)
         return self._report.after_backward(closed, loss, self._last_backpropagated)
 
@@ -313,7 +320,7 @@ class GradientAccumulator:
         """Mid-window buffers, counters and loss scale; save it with the model, optimizer and scheduler."""
         if self._in_micro_step:
             raise RuntimeError("GradientAccumulator.state_dict: called inside micro_step()")
-        # FSDP2: buffers and per-rank counts as DTensors, for torch.distributed.checkpoint.
+        # FSDP2 and DDP: sharded and per-rank values as DTensors, for torch.distributed.checkpoint.
         return self._sync.wrap_state(self._checkpoint.state_dict(), self._buffers)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -1,17 +1,29 @@
 """The accumulator's own gradient buffers: one flat buffer per buffer dtype, per-parameter views.
 
-Each micro-step adds the fresh param.grad tensors into the views and the
-caller then drops param.grad, so autograd writes a new gradient next time
-and no zeroing pass is ever needed: the first contribution of a window is
-written with assign=True. A parameter that gets no gradient in a micro-step
-contributes nothing to it; one that gets none in the whole window is shown
-to the optimizer with grad None, as in a plain loop.
+Gradients are added into the views as autograd produces them (GradHooks
+hands them over in buckets) and param.grad is dropped at once, so autograd
+writes a new gradient next time and no zeroing pass is ever needed: the
+first contribution of a window is written with assign=True. A parameter
+that gets no gradient in a micro-step contributes nothing to it; one that
+gets none in the whole window is shown to the optimizer with grad None, as
+in a plain loop.
+
+Layout: parameters in reverse registration order (the order backward
+produces their gradients, as DDP's reducer lays out its buckets), so a
+bucket is usually a contiguous range; every view starts on an ALIGN-byte
+boundary so the kernels' vectorised paths apply to every view. The padding
+between views is never read or written by any op.
+
+The flat buffers are allocated on a window's first gradient; with
+release=True (config.release_buffers) they are freed after every step, and
+re-creating them costs no zeroing pass (the first contribution assigns).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import SimpleNamespace
+from typing import Protocol
 
 import torch
 
@@ -19,6 +31,7 @@ from .. import ops
 from ..ops import reference
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
+ALIGN = 16  # bytes: one 128-bit vector load; the CUDA kernels' vector width and the CPU's SSE/NEON width
 
 
 def _reference_ops() -> SimpleNamespace:
@@ -60,12 +73,22 @@ def _reference_ops() -> SimpleNamespace:
     )
 
 
+class Shards(Protocol):
+    """Maps sharded parameters to what the buffers hold (gradacc_ext.distributed's strategies implement it)."""
+
+    def layout(self, params: Sequence[torch.nn.Parameter]) -> list[torch.Tensor]: ...  # the local shards
+
+    def local_grad(self, grad: torch.Tensor | None) -> torch.Tensor | None: ...  # a gradient's local shard
+
+    def param_grad(self, index: int, grad: torch.Tensor) -> torch.Tensor: ...  # what the optimizer gets
+
+
 class GradBuffers:
     """Flat accumulation buffers for `params` (trainable, on one device).
 
-    layout: per parameter, the tensor whose shape the buffer mirrors (FSDP2: the
-    local shard; default: the parameter); grad_for(i, tensor) makes what the
-    optimizer sees as params[i].grad (FSDP2: a DTensor over the view).
+    shards: for sharded (FSDP2 DTensor) parameters, the buffers mirror each local
+    shard (`layout`), take gradients' local shards and show the optimizer
+    DTensor gradients; None: plain parameters.
     """
 
     def __init__(
@@ -73,19 +96,21 @@ class GradBuffers:
         params: Sequence[torch.nn.Parameter],
         accum_dtype: torch.dtype | None,
         backend: str,
-        layout: Sequence[torch.Tensor] | None = None,
-        grad_for: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+        *,
+        release: bool = False,
+        shards: Shards | None = None,
     ) -> None:
         self.params = list(params)
         self.backend = backend
-        if layout is None and any(type(p).__name__ == "DTensor" for p in self.params):
+        self.release_after_step = release
+        if shards is None and any(type(p).__name__ == "DTensor" for p in self.params):
             # Local-shard shapes and a cross-shard norm come from gradacc_ext.distributed's FSDP2 strategy.
             raise TypeError(
                 "GradientAccumulator: DTensor (FSDP2 fully_shard) parameters need the fully_shard-ed model passed "
                 "to the accumulator (it lays the buffers over the local shards)"
             )
-        self.layout = list(layout) if layout is not None else self.params
-        self.grad_for = grad_for or (lambda i, grad: grad)
+        self.shards = shards
+        self.layout = shards.layout(self.params) if shards is not None else self.params
         devices = {t.device for t in self.layout}
         if len(devices) > 1:
             raise ValueError(
@@ -93,80 +118,62 @@ class GradBuffers:
                 f"found {sorted(map(str, devices))}"
             )
         self.device = devices.pop() if devices else torch.device("cpu")
-        buf_dtypes = [
+        self.buf_dtypes = [
             accum_dtype if (accum_dtype is not None and t.dtype in LOW_PRECISION) else t.dtype for t in self.layout
         ]
-        self.flats: dict[torch.dtype, torch.Tensor] = {}
-        self.views: list[torch.Tensor] = [torch.empty(0)] * len(self.params)
-        for dtype in dict.fromkeys(buf_dtypes):
-            members = [i for i, d in enumerate(buf_dtypes) if d == dtype]
-            flat = torch.empty(sum(self.layout[i].numel() for i in members), dtype=dtype, device=self.device)
+        self.dtypes = list(dict.fromkeys(self.buf_dtypes))
+        # Element offset of each parameter's view in its dtype's flat buffer, and each flat's size.
+        self.offsets = [0] * len(self.params)
+        self.sizes: dict[torch.dtype, int] = {}
+        for dtype in self.dtypes:
+            step = max(1, ALIGN // dtype.itemsize)
             offset = 0
-            for i in members:
-                n = self.layout[i].numel()
-                self.views[i] = flat[offset : offset + n].view(self.layout[i].shape)
-                offset += n
-            self.flats[dtype] = flat
-        # Parameters whose buffer dtype differs from their own get their gradient
-        # cast into this param-dtype copy once per window (optimizers require
-        # grad.dtype == param.dtype); allocated on the first window end.
-        self._cast_index = [i for i, d in enumerate(buf_dtypes) if d != self.params[i].dtype]
-        self._cast_views: list[torch.Tensor] | None = None
-        self.ops = _reference_ops() if torch.float64 in self.flats else ops
+            for i in reversed(range(len(self.params))):
+                if self.buf_dtypes[i] == dtype:
+                    self.offsets[i] = offset
+                    offset += -(-self.layout[i].numel() // step) * step
+            self.sizes[dtype] = offset
+        self.flats: dict[torch.dtype, torch.Tensor] = {}
+        self.views: list[torch.Tensor] = []
+        # Parameters whose buffer dtype differs from their own get their gradient cast into a
+        # param-dtype copy for the optimizer step only (optimizers require grad.dtype == param.dtype);
+        # the copies are freed right after the step.
+        self._cast_index = [i for i, d in enumerate(self.buf_dtypes) if d != self.params[i].dtype]
+        self.ops = _reference_ops() if torch.float64 in self.dtypes else ops
         self.seen = [False] * len(self.params)
+
+    def _ensure(self) -> None:
+        """Allocates the flat buffers (uninitialised: every view's first write assigns)."""
+        if self.flats:
+            return
+        self.flats = {d: torch.empty(n, dtype=d, device=self.device) for d, n in self.sizes.items()}
+        self.views = [
+            self.flats[d][o : o + p.numel()].view(p.shape)
+            for p, d, o in zip(self.layout, self.buf_dtypes, self.offsets, strict=True)
+        ]
+
+    @property
+    def allocated(self) -> bool:
+        return bool(self.flats)
 
     # -- per micro-step ---------------------------------------------------------------------------------------------
 
-    def add(self, grads: Sequence[torch.Tensor | None], scale: float | torch.Tensor) -> None:
-        """views += scale * grads; a parameter's first gradient of the window is assigned instead."""
-        first = [i for i, g in enumerate(grads) if g is not None and not self.seen[i]]
-        again = [i for i, g in enumerate(grads) if g is not None and self.seen[i]]
-        for index, assign in ((first, True), (again, False)):
-            if index:
+    def add(self, index: Sequence[int], grads: Sequence[torch.Tensor], scale: float | torch.Tensor) -> None:
+        """views[index] += scale * grads (distinct indices); a parameter's first gradient of the window is assigned."""
+        self._ensure()
+        first = [k for k, i in enumerate(index) if not self.seen[i]]
+        again = [k for k, i in enumerate(index) if self.seen[i]]
+        for part, assign in ((first, True), (again, False)):
+            if part:
                 self.ops.accumulate_(
-                    [self.views[i] for i in index],
-                    [_dense(grads[i], self.params[i]) for i in index],
+                    [self.views[index[k]] for k in part],
+                    [_dense(self._local(grads[k]), self.params[index[k]]) for k in part],
                     scale,
                     assign=assign,
                     backend=self.backend,
                 )
-        for i in first:
-            self.seen[i] = True
-
-    def add_final(
-        self,
-        grads: Sequence[torch.Tensor | None],
-        scale: float | torch.Tensor,
-        inv_scale: torch.Tensor,
-        found_inf: torch.Tensor,
-        norm_out: torch.Tensor,
-        norm_type: float,
-    ) -> None:
-        """The last micro-step: accumulate, multiply by inv_scale, flag non-finite values and take the norm.
-
-        One fused pass when this step's gradients cover exactly the parameters
-        already in the window (or the window is this step alone); otherwise
-        an accumulate pass and then the finishing pass.
-        """
-        present = [g is not None for g in grads]
-        if present == self.seen or not any(self.seen):
-            index = [i for i, p in enumerate(present) if p]
-            self.ops.accumulate_final_(
-                [self.views[i] for i in index],
-                [_dense(grads[i], self.params[i]) for i in index],
-                found_inf,
-                norm_out,
-                scale,
-                inv_scale=inv_scale,
-                assign=not any(self.seen),
-                norm_type=norm_type,
-                backend=self.backend,
-            )
-            for i in index:
-                self.seen[i] = True
-            return
-        self.add(grads, scale)
-        self.finish(inv_scale, found_inf, norm_out, norm_type)
+        for k in first:
+            self.seen[index[k]] = True
 
     def finish(
         self, inv_scale: torch.Tensor, found_inf: torch.Tensor, norm_out: torch.Tensor, norm_type: float
@@ -187,6 +194,7 @@ class GradBuffers:
         Distributed sums run over the whole flat buffers, so every view must hold
         this window's value (zero when this rank produced no gradient for it).
         """
+        self._ensure()
         for i, seen in enumerate(self.seen):
             if not seen:
                 self.views[i].zero_()
@@ -201,46 +209,77 @@ class GradBuffers:
 
     def expose(self) -> None:
         """param.grad = this window's gradient (a view, or a param-dtype copy); None if the window gave none."""
-        if self._cast_index and self._cast_views is None:
-            self._cast_views = [torch.empty_like(self.layout[i]) for i in self._cast_index]
-        if self._cast_index:
-            # One fused cast per window; optimizers need grads in the parameter's dtype.
-            torch._foreach_copy_(self._cast_views, [self.views[i] for i in self._cast_index])
-            cast = dict(zip(self._cast_index, self._cast_views, strict=True))
-        else:
-            cast = {}
+        cast = [i for i in self._cast_index if self.seen[i]]
+        copies = dict(zip(cast, [torch.empty_like(self.layout[i]) for i in cast], strict=True))
+        if cast:
+            # One fused cast per window into copies that live only until release().
+            torch._foreach_copy_([copies[i] for i in cast], [self.views[i] for i in cast])
         for i, p in enumerate(self.params):
-            p.grad = self.grad_for(i, cast[i] if i in cast else self.views[i]) if self.seen[i] else None
+            p.grad = self._param_grad(i, copies[i] if i in copies else self.views[i]) if self.seen[i] else None
+
+    def _local(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad if self.shards is None else self.shards.local_grad(grad)
+
+    def _param_grad(self, i: int, grad: torch.Tensor) -> torch.Tensor:
+        return grad if self.shards is None else self.shards.param_grad(i, grad)
 
     def release(self) -> None:
-        """Start a new window: the buffers' contents become stale (the next add assigns)."""
+        """Start a new window: drop param.grad (and the cast copies); the buffers' contents become stale.
+
+        With release=True the flat buffers are freed too and re-created by the next window's first gradient.
+        """
         for p in self.params:
             p.grad = None
         self.seen = [False] * len(self.params)
+        if self.release_after_step:
+            self.flats, self.views = {}, []
 
     # -- checkpointing ----------------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        return {"flats": {str(d): f.clone() for d, f in self.flats.items()}, "seen": list(self.seen)}
+        """The window's per-parameter sums (None where none yet): independent of the flat layout."""
+        return {"grads": [self.views[i].clone() if s else None for i, s in enumerate(self.seen)]}
 
     def load_state_dict(self, state: dict) -> None:
-        flats, seen = state["flats"], state["seen"]
-        if sorted(flats) != sorted(str(d) for d in self.flats) or len(seen) != len(self.params):
+        """Loads state_dict() output, or version 1's {"flats", "seen"} (unpadded, in registration order)."""
+        grads = state["grads"] if "grads" in state else self._from_v1(state)
+        if len(grads) != len(self.params):
             raise ValueError(
                 "GradientAccumulator.load_state_dict: the saved buffers do not match this model's trainable "
-                f"parameters (saved dtypes {sorted(flats)}, {len(seen)} parameters; here "
-                f"{sorted(str(d) for d in self.flats)}, {len(self.params)} parameters)"
+                f"parameters (saved {len(grads)} parameters, here {len(self.params)})"
             )
-        for dtype, flat in self.flats.items():
-            saved = flats[str(dtype)]
-            if saved.shape != flat.shape:
+        for i, g in enumerate(grads):
+            if g is not None and (g.shape != self.layout[i].shape or g.dtype != self.buf_dtypes[i]):
                 raise ValueError(
-                    f"GradientAccumulator.load_state_dict: saved {dtype} buffer has {saved.numel()} elements, "
-                    f"expected {flat.numel()}"
+                    "GradientAccumulator.load_state_dict: the saved buffers do not match this model's trainable "
+                    f"parameters (saved gradient {i} is {g.dtype} {list(g.shape)}, expected {self.buf_dtypes[i]} "
+                    f"{list(self.layout[i].shape)})"
                 )
-        for dtype, flat in self.flats.items():
-            flat.copy_(flats[str(dtype)])
-        self.seen = [bool(s) for s in seen]
+        self._ensure()
+        for view, g in zip(self.views, grads, strict=True):
+            if g is not None:
+                view.copy_(g)
+        self.seen = [g is not None for g in grads]
+
+    def _from_v1(self, state: dict) -> list[torch.Tensor | None]:
+        flats, seen = state["flats"], state["seen"]
+        expected = dict.fromkeys(map(str, self.dtypes), 0)
+        for p, dtype in zip(self.layout, self.buf_dtypes, strict=True):
+            expected[str(dtype)] += p.numel()
+        saved = {k: f.numel() for k, f in flats.items()}
+        if saved != expected or len(seen) != len(self.params):
+            raise ValueError(
+                "GradientAccumulator.load_state_dict: the saved buffers do not match this model's trainable "
+                f"parameters (saved {saved} elements per dtype, {len(seen)} parameters; here {expected}, "
+                f"{len(self.params)} parameters)"
+            )
+        offsets = dict.fromkeys(flats, 0)
+        grads: list[torch.Tensor | None] = []
+        for p, dtype, s in zip(self.layout, self.buf_dtypes, seen, strict=True):
+            key, n = str(dtype), p.numel()
+            grads.append(flats[key][offsets[key] : offsets[key] + n].view(p.shape) if s else None)
+            offsets[key] += n
+        return grads
 
 
 def _dense(grad: torch.Tensor, param: torch.nn.Parameter) -> torch.Tensor:

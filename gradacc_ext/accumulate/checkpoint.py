@@ -15,7 +15,8 @@ from .stats import AccumulatorStats
 from .stepper import OptimizerStepper
 from .window import Window
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: per-parameter sums (layout-free); 1: whole flat buffers, which still load
+READABLE_VERSIONS = (1, 2)
 
 
 class Checkpoint:
@@ -51,8 +52,11 @@ class Checkpoint:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Checks everything before changing anything, so a rejected state leaves the accumulator as it was."""
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"GradientAccumulator.load_state_dict: unknown state version {state.get('version')!r}")
+        if state.get("version") not in READABLE_VERSIONS:
+            raise ValueError(
+                f"GradientAccumulator.load_state_dict: unknown state version {state.get('version')!r}, "
+                f"expected one of {READABLE_VERSIONS}"
+            )
         for key in ("accumulation_steps", "loss_normalization"):
             mine = getattr(self.config, key)
             if state[key] != mine:
@@ -70,4 +74,3 @@ class Checkpoint:
         if self.loss_scale is not None:
             self.loss_scale.load_state_dict(state["loss_scale"])
         self.stepper.forget()
-

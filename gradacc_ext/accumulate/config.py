@@ -81,6 +81,14 @@ class GradientAccumulationConfig:
     Stats
       grad_norm_history: how many per-step grad norms to keep on the device (0: none);
       track_memory: record CUDA peak memory per step (host counters, no sync).
+    Memory (see README's memory model)
+      bucket_size_bytes: gradients are folded into the buffers during backward
+        whenever this many bytes of them are queued (default 25 MiB, DDP's
+        bucket_cap_mb: a few launches per backward for GPT-2-sized models
+        while holding at most one bucket, about 5% of GPT-2 small's fp32
+        gradients, beyond the buffers);
+      release_buffers: free the buffers after every optimizer step, for
+        activations (re-created, without a zeroing pass, by the next window).
     backend: "auto" (compiled kernels when available), "ext" or "torch" (reference).
     Data parallel (gradacc_ext.distributed; README "Distributed")
       sharding: "auto" (from the model's mesh), "fsdp" (1-D mesh) or "hsdp"
@@ -112,6 +120,8 @@ class GradientAccumulationConfig:
     skip_nonfinite: bool = True
     grad_norm_history: int = 1000
     track_memory: bool = True
+    bucket_size_bytes: int = 25 * 1024 * 1024
+    release_buffers: bool = False
     backend: str = "auto"
     sharding: str = "auto"
     fsdp_reduce: str = "micro_step"
@@ -158,6 +168,9 @@ class GradientAccumulationConfig:
             raise ValueError(
                 f"GradientAccumulationConfig.grad_norm_history must be an integer >= 0, got {self.grad_norm_history!r}"
             )
+        _positive_int("bucket_size_bytes", self.bucket_size_bytes)
+        if not isinstance(self.release_buffers, bool):
+            raise ValueError(f"GradientAccumulationConfig.release_buffers must be a bool, got {self.release_buffers!r}")
         _choice("backend", self.backend, BACKENDS)
         _choice("sharding", self.sharding, SHARDING)
         _choice("fsdp_reduce", self.fsdp_reduce, FSDP_REDUCE)

@@ -78,3 +78,13 @@ class StatsReport:
             "avg_accumulation_time": step_time,
             "config": self.config.to_dict(),
         }
+
+
+def check_same_objects(**pairs: tuple[object, object]) -> None:
+    """accumulate_gradients(loss, model, optimizer, scaler): each given object must be the accumulator's own."""
+    for name, (given, mine) in pairs.items():
+        if given is not None and given is not mine:
+            raise ValueError(
+                f"GradientAccumulator.accumulate_gradients: the {name} passed is not the one this accumulator "
+                "was built with"
+            )

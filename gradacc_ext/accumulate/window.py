@@ -101,3 +101,16 @@ class Window:
         count_dev = state["count_dev"]
         self.count_dev = None if count_dev is None else count_dev.to(self.device, torch.float64)
         self.weighted = state["weighted"]
+
+
+def check_loss(loss: object) -> None:
+    """A micro-step's loss must be a one-element tensor that requires grad."""
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+        raise ValueError(
+            "GradientAccumulator.backward: loss must be a one-element tensor that requires grad, got "
+            + (
+                f"shape {list(loss.shape)}, requires_grad={loss.requires_grad}"
+                if isinstance(loss, torch.Tensor)
+                else type(loss).__name__
+            )
+        )

@@ -2,8 +2,8 @@
 
 The buffers hold a SUM; the window's normaliser and the fp16 loss scale are
 applied once, as the device tensor inv_scale = 1 / (loss_scale * normaliser),
-in the final pass (fused with the last micro-step's accumulation where the
-buffers allow). Clipping then acts on the fully accumulated, unscaled
+in one final pass over the window's views (unscale, inf check, norm) after
+the last micro-step's backward has folded its gradients. Clipping then acts on the fully accumulated, unscaled
 gradient, and the optimizer sees the buffers as param.grad.
 """
 
@@ -35,7 +35,7 @@ class WindowEnd:
         self.config, self.buffers, self.sync = config, buffers, sync
         self.loss_scale, self.stepper, self.stats = loss_scale, stepper, stats
         self.device = buffers.device
-        self.scalar_dtype = torch.float64 if torch.float64 in buffers.flats else torch.float32
+        self.scalar_dtype = torch.float64 if torch.float64 in buffers.dtypes else torch.float32
         self.found_inf = torch.zeros((), dtype=torch.float32, device=self.device)  # 0-d, as fused steps expect
         self.norm = torch.zeros(1, dtype=self.scalar_dtype, device=self.device)
 
@@ -45,23 +45,15 @@ class WindowEnd:
             denominator = denominator * self.loss_scale.tensor(self.device).to(torch.float64).reshape(1)
         return (1.0 / denominator).to(self.scalar_dtype)
 
-    def close(
-        self, window: Window, grads: list[torch.Tensor | None] | None, weight: float | torch.Tensor | None
-    ) -> None:
-        """Closes `window`, first adding the last micro-step's `grads` (times weight) when given."""
+    def close(self, window: Window) -> None:
+        """Applies `window` (its gradients all folded into the buffers) and starts the next one."""
         c, b = self.config, self.buffers
         self.sync.before_finish()
         self.found_inf.zero_()
         count = window.count()
         if self.sync.reduces:
-            if grads is not None:
-                self.sync.add_final(b, grads, weight)
             self.sync.reduce(b, count)
-            b.finish(self._inv_scale(count), self.found_inf, self.norm, c.norm_type)
-        elif grads is not None:
-            b.add_final(grads, weight, self._inv_scale(count), self.found_inf, self.norm, c.norm_type)
-        else:
-            b.finish(self._inv_scale(count), self.found_inf, self.norm, c.norm_type)
+        b.finish(self._inv_scale(count), self.found_inf, self.norm, c.norm_type)
         self.sync.global_norm(self.norm, self.found_inf, c.norm_type)  # sharded buffers: norm across shards
         b.clip(self.norm, c.max_grad_norm, c.clip_value)
         b.expose()

@@ -5,9 +5,10 @@ says how a window's micro-steps meet the wrapper's communication. The
 accumulator calls, in order:
 
   context(final)            around each micro-step's forward and backward
-  before_backward(final, b) right before each backward
-  local_grad(grad)          on every fresh param.grad (DTensor -> local shard)
-  add_final(...)            with the closing micro-step's gradients
+  before_backward(final, b) right before each backward; False: the accumulator's hooks do not fold
+                            this backward (the wrapper reduces straight into the buffers)
+  layout / local_grad       the buffers mirror local shards and take gradients' local shards
+  before_finish()           at the window end, before any collective; may refuse with a clear error
   reduce(buffers, count)    buffers and item count become sums over ranks
   global_norm(...)          norm and found_inf become global over shards
   param_grad(i, view)       wraps a buffer view as param.grad for the optimizer
@@ -42,8 +43,9 @@ class LocalSync:
     def context(self, final: bool) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
-    def before_backward(self, final: bool, buffers: GradBuffers) -> None:
-        """Called right before each micro-step's backward (final: it closes the window)."""
+    def before_backward(self, final: bool, buffers: GradBuffers) -> bool:
+        """Called right before each micro-step's backward (final: it closes the window); True: fold its grads."""
+        return True
 
     def layout(self, params: Sequence[torch.nn.Parameter]) -> list[torch.Tensor]:
         """The tensors whose shapes the flat buffers mirror (a sharded parameter's local shard)."""
@@ -55,10 +57,6 @@ class LocalSync:
     def param_grad(self, index: int, grad: torch.Tensor) -> torch.Tensor:
         """What the optimizer sees as params[index].grad for the buffer view (or cast copy) `grad`."""
         return grad
-
-    def add_final(self, buffers: GradBuffers, grads: list[torch.Tensor | None], weight: float | torch.Tensor) -> None:
-        """Adds the closing micro-step's gradients (before reduce)."""
-        buffers.add(grads, weight)
 
     def reduce(self, buffers: GradBuffers, count: torch.Tensor) -> None:
         """Sums the window's buffers and item count over ranks (in place)."""

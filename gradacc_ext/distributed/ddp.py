@@ -30,7 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
 from .base import LocalSync
-from .rank_state import pack_counts, per_rank, unpack_counts
+from .rank_state import dense_grads, pack_counts, per_rank, unpack_counts
 
 if TYPE_CHECKING:
     from ..accumulate.buffers import GradBuffers
@@ -66,23 +66,22 @@ class DDPSync(LocalSync):
         dist.all_reduce(count, group=self.group)
 
     def wrap_state(self, state: dict[str, Any], buffers: GradBuffers) -> dict[str, Any]:
-        """Each rank's unreduced buffers, seen flags and counts as its row of a DTensor (DCP keeps every rank's)."""
+        """Each rank's unreduced sums, seen flags and counts as its row of a DTensor (DCP keeps every rank's)."""
         mesh = DeviceMesh.from_group(self.group, buffers.device.type)
+        grads, seen = dense_grads(state, buffers)
         out = pack_counts(state, mesh, buffers.device)
-        seen = torch.tensor(state["buffers"]["seen"], dtype=torch.float64, device=buffers.device)
         out["buffers"] = {
-            "flats": {str(d): per_rank(f, mesh) for d, f in buffers.flats.items()},  # views: DCP loads in place
-            "seen": per_rank(seen, mesh),
+            "grads": {str(i): per_rank(g, mesh) for i, g in enumerate(grads)},
+            "seen": per_rank(torch.tensor(seen, dtype=torch.float64, device=buffers.device), mesh),
         }
         return out
 
     def unwrap_state(self, state: dict[str, Any], buffers: GradBuffers) -> dict[str, Any]:
         out = unpack_counts(state)
         saved = state["buffers"]
-        out["buffers"] = {
-            "flats": {d: f.to_local().reshape(-1) for d, f in saved["flats"].items()},
-            "seen": [bool(s) for s in saved["seen"].to_local().reshape(-1).tolist()],
-        }
+        seen = [bool(s) for s in saved["seen"].to_local().reshape(-1).tolist()]
+        grads = [saved["grads"][str(i)].to_local().reshape(t.shape) for i, t in enumerate(buffers.layout)]
+        out["buffers"] = {"grads": [g if s else None for g, s in zip(grads, seen, strict=True)]}
         return out
 
 
@@ -113,21 +112,19 @@ class DDPOverlapSync(DDPSync):
         self._synced = final
         return contextlib.nullcontext() if final else self.model.no_sync()
 
-    def before_backward(self, final: bool, buffers: GradBuffers) -> None:
+    def before_backward(self, final: bool, buffers: GradBuffers) -> bool:
         if self._synced != final:
             raise RuntimeError(
                 "GradientAccumulator: ddp_reduce='overlap' needs exactly one backward per micro_step() (DDP reduces "
                 "during the closing one); split micro-batches (AdaptiveGradientAccumulator) need ddp_reduce='buffer'"
             )
-        if final:
-            # The running sum becomes param.grad: autograd accumulates into it and DDP reduces it.
-            buffers.include_all()
-            for param, view in zip(buffers.params, buffers.views, strict=True):
-                param.grad = view
-
-    def add_final(self, buffers: GradBuffers, grads: list[torch.Tensor | None], weight: float | torch.Tensor) -> None:
-        if not self._synced:
-            buffers.add(grads, weight)
+        if not final:
+            return True
+        # The running sum becomes param.grad: autograd accumulates into it in place, DDP reduces it.
+        buffers.include_all()
+        for param, view in zip(buffers.params, buffers.views, strict=True):
+            param.grad = view
+        return False
 
     def reduce(self, buffers: GradBuffers, count: torch.Tensor) -> None:
         if self._synced:  # DDP's reducer already summed the buffers during the backward

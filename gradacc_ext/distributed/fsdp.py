@@ -43,7 +43,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from .base import LocalSync
-from .rank_state import pack_counts, unpack_counts
+from .rank_state import dense_grads, pack_counts, unpack_counts
 
 if TYPE_CHECKING:
     from ..accumulate.buffers import GradBuffers
@@ -72,12 +72,13 @@ class FSDP2Sync(LocalSync):
 
     # -- micro-steps ------------------------------------------------------------------------------------------------
 
-    def before_backward(self, final: bool, buffers: GradBuffers) -> None:
+    def before_backward(self, final: bool, buffers: GradBuffers) -> bool:
         every_step = self.mode == "micro_step"
         self.model.set_requires_gradient_sync(final or every_step)
         if self.hsdp and every_step:
             self.model.set_requires_all_reduce(final)
         self._held = not final and (self.hsdp or not every_step)
+        return True  # FSDP sets the reduced shards as param.grad and runs the folding hooks
 
     def layout(self, params: Sequence[torch.nn.Parameter]) -> list[torch.Tensor]:
         return [p.to_local() for p in params]
@@ -120,27 +121,17 @@ class FSDP2Sync(LocalSync):
     # -- checkpoints (torch.distributed.checkpoint) -----------------------------------------------------------------
 
     def wrap_state(self, state: dict[str, Any], buffers: GradBuffers) -> dict[str, Any]:
-        """Buffers as DTensors over their views (sharded like the parameters), per-rank counts as rows.
-
-        DCP loads in place: loading into this state writes the buffers directly.
-        """
+        """The window's sums as DTensors sharded like the parameters, per-rank counts as rows."""
         if self._held:
             raise RuntimeError(self._held_message("take a mid-window checkpoint"))
+        grads, seen = dense_grads(state, buffers)
         out = pack_counts(state, self.mesh, buffers.device)
-        out["buffers"] = {
-            "grads": {str(i): self.param_grad(i, view) for i, view in enumerate(buffers.views)},
-            "seen": list(state["buffers"]["seen"]),
-        }
+        out["buffers"] = {"grads": {str(i): self.param_grad(i, g) for i, g in enumerate(grads)}, "seen": seen}
         return out
 
     def unwrap_state(self, state: dict[str, Any], buffers: GradBuffers) -> dict[str, Any]:
         out = unpack_counts(state)
-        grads = [self.local_grad(state["buffers"]["grads"][str(i)]).reshape(-1) for i in range(len(buffers.views))]
-        out["buffers"] = {
-            "flats": {
-                str(dtype): torch.cat([g for g, v in zip(grads, buffers.views, strict=True) if v.dtype == dtype])
-                for dtype in buffers.flats
-            },
-            "seen": state["buffers"]["seen"],
-        }
+        saved = state["buffers"]
+        grads = [self.local_grad(saved["grads"][str(i)]) for i in range(len(buffers.params))]
+        out["buffers"] = {"grads": [g if s else None for g, s in zip(grads, saved["seen"], strict=True)]}
         return out

@@ -8,11 +8,14 @@ DTensor sharded over all ranks makes DCP save and load each rank's own row.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
+
+if TYPE_CHECKING:
+    from ..accumulate.buffers import GradBuffers
 
 
 def per_rank(local: torch.Tensor, mesh: DeviceMesh) -> DTensor:
@@ -21,6 +24,20 @@ def per_rank(local: torch.Tensor, mesh: DeviceMesh) -> DTensor:
     return DTensor.from_local(
         row, mesh, [Shard(0)] * mesh.ndim, shape=(mesh.size(), row.shape[1]), stride=(row.shape[1], 1)
     )
+
+
+def dense_grads(state: dict[str, Any], buffers: GradBuffers) -> tuple[list[torch.Tensor], list[bool]]:
+    """The window's per-parameter sums from state["buffers"], zeros (and seen=False) where none yet.
+
+    Every parameter gets a tensor so that a fresh accumulator's state_dict() has
+    the same keys as a saved one, which DCP loads into.
+    """
+    saved = state["buffers"]["grads"]
+    grads = [
+        g if g is not None else torch.zeros(t.shape, dtype=d, device=buffers.device)
+        for g, t, d in zip(saved, buffers.layout, buffers.buf_dtypes, strict=True)
+    ]
+    return grads, [g is not None for g in saved]
 
 
 def pack_counts(state: dict[str, Any], mesh: DeviceMesh, device: torch.device) -> dict[str, Any]:
