@@ -130,6 +130,7 @@ def run_two_ranks(modes: tuple[str, ...]) -> None:
             pytest.fail("DDP workers did not finish within 90 s (a hang)")
 
 
+@pytest.mark.distributed
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="gloo backend not available")
 def test_ddp_two_ranks_equals_full_batch():
     """Mean mode with equal shards, then sum mode with uneven token counts per rank (one process group)."""
