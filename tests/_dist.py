@@ -94,7 +94,7 @@ def make_optimizer(params, sgd: bool = False) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=LR, weight_decay=0.1)
 
 
-def reference(kind: str, world: int, seed: int, skip: int | None = None, dtype=torch.float64, sgd=False):
+def reference(kind: str, world: int, seed: int, skip: int | None = None, dtype=torch.float64, sgd=False, norm_type=2.0):
     """The plain loop on one process over each window's whole batch; window `skip` is skipped (overflow)."""
     model = make_model(dtype)
     opt = make_optimizer(model.parameters(), sgd)
@@ -110,7 +110,7 @@ def reference(kind: str, world: int, seed: int, skip: int | None = None, dtype=t
         else:
             loss = sum(loss_and_items(model, b)[0] for b in window) / len(window)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5, norm_type)
         opt.step()
         sched.step()
     return model

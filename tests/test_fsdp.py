@@ -8,6 +8,8 @@ which must make every rank skip that window.
 
 from __future__ import annotations
 
+from math import inf
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -43,12 +45,12 @@ def fsdp_model(mesh, dtype=torch.float64, mp_policy: MixedPrecisionPolicy | None
     return model
 
 
-def build(mesh, kind: str, reduce: str, **model_kw):
+def build(mesh, kind: str, reduce: str, norm_type: float = 2.0, **model_kw):
     model = fsdp_model(mesh, **model_kw)
     opt = make_optimizer(model.parameters(), sgd="mp_policy" in model_kw)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
     config = GradientAccumulationConfig(
-        accumulation_steps=STEPS, max_grad_norm=0.5, loss_normalization=kind, fsdp_reduce=reduce
+        accumulation_steps=STEPS, max_grad_norm=0.5, norm_type=norm_type, loss_normalization=kind, fsdp_reduce=reduce
     )
     return model, opt, sched, GradientAccumulator(model, opt, config, sched)
 
@@ -66,19 +68,22 @@ def run(acc, model, batches, rank, *, close: str, inject=None, start: int = 0, s
 
 
 def check_cases(rank: int, world: int, mesh, cases) -> None:
-    for kind, reduce, close, inject in cases:
-        model, _, sched, acc = build(mesh, kind, reduce)
+    """cases: (loss normalisation, fsdp_reduce, how the short window closes, injected overflow[, norm_type])."""
+    for kind, reduce, close, inject, *norm in cases:
+        model, _, sched, acc = build(mesh, kind, reduce, *norm)
         run(acc, model, global_batches(kind, world, SEED), rank, close=close, inject=inject)
         skip = None if inject is None else inject[0] // STEPS
-        assert_params_equal(model, reference(kind, world, SEED, skip))
-        assert (acc.optimizer_steps, acc.skipped_steps) == (2, 1) if inject else (3, 0), (kind, reduce, close)
+        assert_params_equal(model, reference(kind, world, SEED, skip, norm_type=norm[0] if norm else 2.0))
+        assert (acc.optimizer_steps, acc.skipped_steps) == ((2, 1) if inject else (3, 0)), (kind, reduce, close)
         assert sched.last_epoch == acc.optimizer_steps
 
 
 def fsdp_worker(rank: int, world: int, ckpt: str) -> None:
     mesh = init_device_mesh("cpu", (world,))
     cases = [("sum", "micro_step", "flush", None), ("sum", "window", "last", (4, 1))]
-    check_cases(rank, world, mesh, [*cases, ("mean", "micro_step", "last", (1, 0))])
+    check_cases(
+        rank, world, mesh, [*cases, ("mean", "micro_step", "last", (1, 0)), ("sum", "micro_step", "last", None, inf)]
+    )
     # bf16 compute, fp32 reduce and fp32 sharded parameters: within bf16 rounding of the float32 reference.
     model, opt, _, acc = build(
         mesh, "sum", "micro_step", dtype=torch.float32, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32)
