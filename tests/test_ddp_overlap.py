@@ -50,11 +50,13 @@ def worker(rank: int, world: int, ckpt: str) -> None:
         assert_params_equal(model.module, reference(kind, world, SEED, None if inject is None else inject[0] // STEPS))
         assert (acc.optimizer_steps, acc.skipped_steps) == ((2, 1) if inject else (3, 0))
         assert sched.last_epoch == acc.optimizer_steps
-    model, _, _, acc = build("sum", torch.float32, torch.bfloat16)
-    run(acc, model, global_batches("sum", world, SEED, torch.float32), rank, close="last")
     ref = reference("sum", world, SEED, dtype=torch.float32)
-    assert_params_equal(model.module, ref, rtol=1e-2, atol=1e-2)
-    assert any(not torch.equal(p, q) for p, q in zip(full_params(model.module), full_params(ref), strict=True))
+    for reduce in ("overlap", "buffer"):  # bf16 on the wire, fp32 buffers: within bf16 rounding, not exact
+        model, _, _, acc = build("sum", torch.float32, torch.bfloat16, reduce)
+        run(acc, model, global_batches("sum", world, SEED, torch.float32), rank, close="last")
+        assert_params_equal(model.module, ref, rtol=1e-2, atol=1e-2)
+        gap = max((p - q).abs().max().item() for p, q in zip(full_params(model.module), full_params(ref), strict=True))
+        assert gap > 1e-6, f"{reduce}: no bf16 rounding seen; fp32 communication differs by ~1e-7"
     # Mid-window DCP checkpoint: each rank's unreduced buffers and counts are its own rows.
     check_resume(rank, world, lambda: build("sum", reduce="buffer"), ckpt, SEED)
 

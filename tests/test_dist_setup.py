@@ -47,6 +47,8 @@ def test_no_process_group_and_plain_model_options():
         GradientAccumulator(model, sgd(model), config(world_size=2))
     with pytest.raises(ValueError, match="ddp_reduce='overlap' needs a DistributedDataParallel model"):
         GradientAccumulator(model, sgd(model), config(ddp_reduce="overlap"))
+    with pytest.raises(ValueError, match="comm_dtype applies to DistributedDataParallel models; this one is 'local'"):
+        GradientAccumulator(model, sgd(model), config(comm_dtype=torch.bfloat16))
     for field, value in (("fsdp_reduce", "once"), ("ddp_reduce", "bucket"), ("sharding", "2d"), ("comm_dtype", 16)):
         with pytest.raises(ValueError, match=f"GradientAccumulationConfig.{field} must be one of"):
             config(**{field: value})

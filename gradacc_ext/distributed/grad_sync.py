@@ -24,7 +24,8 @@ def grad_sync_for(
     """Validates the setup (no collective runs) and returns the strategy for it."""
     kind = check_setup(module, params, config)
     if kind == "ddp":
-        return DDPOverlapSync(module, config.comm_dtype) if config.ddp_reduce == "overlap" else DDPSync(module)
+        sync = DDPOverlapSync if config.ddp_reduce == "overlap" else DDPSync
+        return sync(module, config.comm_dtype)
     if kind in ("fsdp", "hsdp"):
         return FSDP2Sync(module, params, config.fsdp_reduce, hsdp=kind == "hsdp")
     return LocalSync()

@@ -55,6 +55,11 @@ def check_setup(
             "GradientAccumulationConfig.ddp_reduce='overlap' needs a DistributedDataParallel model; "
             f"this one is {kind!r}: use ddp_reduce='buffer' (the default)"
         )
+    if config.comm_dtype is not None and kind != "ddp":
+        raise ValueError(
+            f"GradientAccumulationConfig.comm_dtype applies to DistributedDataParallel models; this one is {kind!r}"
+            + (": FSDP2 reduces in MixedPrecisionPolicy(reduce_dtype=...)" if kind in ("fsdp", "hsdp") else "")
+        )
     if config.ddp_reduce == "overlap" and config.accum_dtype is not None:
         names = _names(module, params)
         low = [(n, p.dtype) for n, p in zip(names, params, strict=True) if p.dtype in (torch.float16, torch.bfloat16)]
