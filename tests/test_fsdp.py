@@ -92,6 +92,21 @@ def fsdp_worker(rank: int, world: int, ckpt: str) -> None:
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     assert_params_equal(model, reference("sum", world, SEED, dtype=torch.float32, sgd=True), rtol=2e-2, atol=2e-2)
     check_resume(rank, world, lambda: build(mesh, "sum", "micro_step"), ckpt)
+    check_sharded_memory(rank, world, mesh)
+
+
+def check_sharded_memory(rank: int, world: int, mesh) -> None:
+    """Between micro-steps no gradient lives outside the buffers, which hold only this rank's shards."""
+    model, _, _, acc = build(mesh, "sum", "micro_step")
+    run(acc, model, global_batches("sum", world, SEED), rank, close="none", stop=2)
+    assert all(p.grad is None for p in model.parameters())
+    local = sum(p.to_local().numel() for p in model.parameters())
+    full = sum(p.numel() for p in model.parameters())
+    held = sum(f.numel() for f in acc._buffers.flats.values())
+    assert local <= held < local + 4 * len(acc.params)  # 16-byte alignment padding only
+    shares = [0] * world
+    dist.all_gather_object(shares, local)
+    assert sum(shares) == full  # the ranks' buffers together hold one copy of the gradient
 
 
 def check_resume(rank: int, world: int, make, ckpt: str, seed: int = SEED) -> None:
