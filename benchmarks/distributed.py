@@ -11,6 +11,11 @@ Contenders (same model, data and window on every rank):
   fsdp-plain-window      fully_shard, set_requires_gradient_sync(False) until the last micro-step
   fsdp-plain-every       fully_shard, reduce-scatter every micro-step, FSDP accumulates sharded grads
   fsdp-gradacc-micro_step / fsdp-gradacc-window   GradientAccumulator with fsdp_reduce set so
+  hsdp-* (2-D mesh, --world 4): plain-every (reduce-scatter + all-reduce every micro-step), plain-deferred
+    (set_requires_all_reduce(False) until the last), gradacc-micro_step, gradacc-window
+
+    python benchmarks/distributed.py --world 4 --contenders hsdp-plain-every hsdp-plain-deferred \
+        hsdp-gradacc-micro_step hsdp-gradacc-window --out benchmarks/results/distributed_cpu_hsdp4
 
 Window time: median wall time of a window (all micro-steps, the reduction, clipping and the
 optimizer step) over the timed windows, rank 0's clock after a barrier. Peak memory: the
@@ -58,6 +63,7 @@ CONTENDERS = (
     "fsdp-gradacc-micro_step",
     "fsdp-gradacc-window",
 )
+HSDP = ("hsdp-plain-every", "hsdp-plain-deferred", "hsdp-gradacc-micro_step", "hsdp-gradacc-window")
 
 
 def make_model(width: int, layers: int) -> torch.nn.Module:
@@ -72,7 +78,9 @@ def build(name: str, width: int, layers: int, world: int):
     if name.startswith("ddp"):
         model = torch.nn.parallel.DistributedDataParallel(model)
     else:
-        mesh = init_device_mesh("cpu", (world,))
+        hsdp = name.startswith("hsdp")
+        shape, names = ((2, world // 2), ("replicate", "shard")) if hsdp else ((world,), None)
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
         for m in [*model[:-1:2], model[-1], model]:
             fully_shard(m, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -83,7 +91,7 @@ def build(name: str, width: int, layers: int, world: int):
             max_grad_norm=1.0,
             ddp_reduce="overlap" if kind == "overlap" else "buffer",
             comm_dtype=torch.bfloat16 if name.endswith("bf16") else None,
-            fsdp_reduce=kind if name.startswith("fsdp") else "micro_step",
+            fsdp_reduce=kind if not name.startswith("ddp") else "micro_step",
         )
         acc = GradientAccumulator(model, opt, config)
 
@@ -100,7 +108,9 @@ def build(name: str, width: int, layers: int, world: int):
             if name == "ddp-plain-no_sync":
                 ctx = model.no_sync() if not last else contextlib.nullcontext()
             else:
-                model.set_requires_gradient_sync(last or name == "fsdp-plain-every")
+                model.set_requires_gradient_sync(last or name.endswith(("-every", "-deferred")))
+                if name == "hsdp-plain-deferred":
+                    model.set_requires_all_reduce(last)
                 ctx = contextlib.nullcontext()
             with ctx:
                 (torch.nn.functional.mse_loss(model(x), y) / len(batches)).backward()
@@ -159,7 +169,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--windows", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
+    parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS + HSDP)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "distributed_cpu")
     args = parser.parse_args()
     with socket.socket() as s:
