@@ -48,7 +48,6 @@ from .rank_state import dense_grads, pack_counts, unpack_counts
 if TYPE_CHECKING:
     from ..accumulate.buffers import GradBuffers
 
-FSDP_REDUCE = ("micro_step", "window")
 
 
 class FSDP2Sync(LocalSync):
