@@ -36,7 +36,10 @@ def build(kind: str, dtype=torch.float64, comm_dtype=None, reduce: str = "overla
     opt = make_optimizer(model.parameters())
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
     config = GradientAccumulationConfig(
-        accumulation_steps=STEPS, max_grad_norm=0.5, loss_normalization=kind, ddp_reduce=reduce,
+        accumulation_steps=STEPS,
+        max_grad_norm=0.5,
+        loss_normalization=kind,
+        ddp_reduce=reduce,
         comm_dtype=comm_dtype,
     )
     return model, opt, sched, GradientAccumulator(model, opt, config, sched)

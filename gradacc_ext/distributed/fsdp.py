@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     from ..accumulate.buffers import GradBuffers
 
 
-
 class FSDP2Sync(LocalSync):
     reduces = True
     weights_micro_batches = False  # FSDP reduces each micro-step's gradient before the accumulator sees it
