@@ -42,6 +42,8 @@ class GradViews:
     def __init__(self, buffers: GradBuffers, enabled: bool) -> None:
         self.buffers = buffers
         params = buffers.params
+        # FSDP2's sharded parameters get their gradients from FSDP's reduce-scatter as DTensors: never views.
+        enabled = enabled and buffers.shards is None
         self.eligible = [i for i, p in enumerate(params) if enabled and buffers.buf_dtypes[i] == p.dtype]
         self.attached: set[int] = set()  # views that are param.grad during this backward
 
