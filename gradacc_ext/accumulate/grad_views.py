@@ -41,10 +41,13 @@ class GradViews:
 
     def __init__(self, buffers: GradBuffers, enabled: bool) -> None:
         self.buffers = buffers
-        params = buffers.params
-        # FSDP2's sharded parameters get their gradients from FSDP's reduce-scatter as DTensors: never views.
-        enabled = enabled and buffers.shards is None
-        self.eligible = [i for i, p in enumerate(params) if enabled and buffers.buf_dtypes[i] == p.dtype]
+        # Not for FSDP2's sharded parameters (their layout is the local shard, not the parameter): their
+        # gradients come from FSDP's reduce-scatter as DTensors.
+        self.eligible = [
+            i
+            for i, (p, t) in enumerate(zip(buffers.params, buffers.layout, strict=True))
+            if enabled and t is p and buffers.buf_dtypes[i] == p.dtype
+        ]
         self.attached: set[int] = set()  # views that are param.grad during this backward
 
     def begin(self, weight: float | torch.Tensor) -> bool:
