@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.distributed, needs_gloo]
 SEED = 9
 
 
-def build(kind: str, dtype=torch.float64, comm_dtype=None, reduce: str = "overlap"):
+def build(kind: str, dtype=torch.float64, comm_dtype=None, reduce: str = "overlap", grad_views: bool = False):
     model = torch.nn.parallel.DistributedDataParallel(make_model(dtype), bucket_cap_mb=1e-4)  # several buckets
     opt = make_optimizer(model.parameters())
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
@@ -41,13 +41,14 @@ def build(kind: str, dtype=torch.float64, comm_dtype=None, reduce: str = "overla
         loss_normalization=kind,
         ddp_reduce=reduce,
         comm_dtype=comm_dtype,
+        grad_views=grad_views,
     )
     return model, opt, sched, GradientAccumulator(model, opt, config, sched)
 
 
 def worker(rank: int, world: int, ckpt: str) -> None:
     for kind, close, inject in (("sum", "flush", None), ("sum", "last", (4, 0)), ("mean", "last", None)):
-        model, _, sched, acc = build(kind)
+        model, _, sched, acc = build(kind, grad_views=kind == "mean")  # views between micro-steps too
         assert isinstance(acc._sync, DDPOverlapSync)
         run(acc, model, global_batches(kind, world, SEED), rank, close=close, inject=inject)
         assert_params_equal(model.module, reference(kind, world, SEED, None if inject is None else inject[0] // STEPS))
