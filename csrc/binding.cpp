@@ -64,6 +64,16 @@ void check_finite_scalar(const char* op, const char* arg, double v, bool positiv
   TORCH_CHECK_VALUE(!positive || v > 0, op, ": ", arg, " must be > 0, got ", v);
 }
 
+// The kernels compute in float32: a finite double beyond its range would turn
+// into inf silently (eps=1e39 zeroes every grad), so it is an error. Inf and
+// NaN pass through; the op's own checks decide whether they are allowed.
+float to_float(const char* op, const char* arg, double v) {
+  constexpr double kMax = std::numeric_limits<float>::max();
+  TORCH_CHECK_VALUE(!std::isfinite(v) || std::fabs(v) <= kMax, op, ": ", arg, " = ", v,
+                    " does not fit in float32, the kernels' type; expected |", arg, "| <= ", kMax);
+  return float(v);
+}
+
 // The device a list lives on; `fallback` (an output tensor) when it is empty.
 at::Device list_device(at::TensorList list, const at::Tensor* fallback) {
   for (const auto& t : list) {
@@ -94,7 +104,7 @@ AccumulateParams accumulate_params(const char* op, at::TensorList bufs, at::Tens
     check_scalar(op, "alpha_tensor", *alpha_tensor, device);
     p.alpha_ptr = alpha_tensor->data_ptr<float>();
   }
-  p.alpha = float(alpha);
+  p.alpha = to_float(op, "alpha", alpha);
   p.assign = assign;
   return p;
 }
@@ -157,8 +167,8 @@ ScaleParams clip_norm_params(const char* op, at::TensorList tensors, const at::T
   TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
   p.mode = ScaleMode::kClipNorm;
   p.norm_ptr = total_norm.data_ptr<float>();
-  p.max_norm = float(max_norm);
-  p.eps = float(eps);
+  p.max_norm = to_float(op, "max_norm", max_norm);
+  p.eps = to_float(op, "eps", eps);
   return p;
 }
 
@@ -167,7 +177,7 @@ ScaleParams clip_value_params(const char* op, at::TensorList tensors, double cli
   p.tensors = check_list(op, "tensors", tensors, list_device(tensors, nullptr));
   check_finite_scalar(op, "clip_value", clip_value, true);
   p.mode = ScaleMode::kClipValue;
-  p.clip_value = float(clip_value);
+  p.clip_value = to_float(op, "clip_value", clip_value);
   return p;
 }
 

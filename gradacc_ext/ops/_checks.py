@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 def list_device(tensors: Sequence[torch.Tensor], fallback: torch.Tensor | None = None) -> torch.device:
@@ -86,7 +87,17 @@ def check_accumulate(
         raise ValueError(f"{op}: alpha must be finite, got {alpha}")
     if alpha_tensor is not None:
         check_scalar(op, "alpha_tensor", alpha_tensor, device)
+    check_fits_float(op, "alpha", alpha)
     return device
+
+
+def check_fits_float(op: str, arg: str, value: float) -> None:
+    """The kernels compute in float32: a finite value beyond its range would become inf silently
+    (eps=1e39 zeroes every grad). Inf and NaN pass; the op's own checks decide about them."""
+    if math.isfinite(value) and abs(value) > FLOAT32_MAX:
+        raise ValueError(
+            f"{op}: {arg} = {value} does not fit in float32, the kernels' type; expected |{arg}| <= {FLOAT32_MAX}"
+        )
 
 
 def check_positive(op: str, arg: str, value: float) -> None:
@@ -139,8 +150,11 @@ def check_clip_by_norm(
     check_positive(op, "max_norm", float(max_norm))
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"{op}: eps must be finite and >= 0, got {eps}")
+    check_fits_float(op, "max_norm", float(max_norm))
+    check_fits_float(op, "eps", float(eps))
 
 
 def check_clip_by_value(op: str, tensors: Sequence[torch.Tensor], clip_value: float) -> None:
     check_list(op, "tensors", tensors, list_device(tensors))
     check_positive(op, "clip_value", float(clip_value))
+    check_fits_float(op, "clip_value", float(clip_value))

@@ -226,7 +226,11 @@ def clip_grad_norm_(
 ) -> torch.Tensor:
     """Global norm, then clip by it; returns the (pre-clip) norm. No host sync."""
     tensors = _as_list(tensors, "tensors")
-    _checks.check_positive("gradacc.clip_grad_norm_", "max_norm", float(max_norm))
+    op = "gradacc.clip_grad_norm_"
+    _checks.check_positive(op, "max_norm", float(max_norm))
+    # The clip's own checks, before the norm runs: a bad eps must not cost a norm pass first.
+    _checks.check_fits_float(op, "max_norm", float(max_norm))
+    _checks.check_fits_float(op, "eps", float(eps))
     total = global_norm(tensors, norm_type, backend=backend)
     clip_by_norm_(tensors, total, max_norm, eps, backend=backend)
     return total
