@@ -19,7 +19,7 @@ from typing import Literal
 
 import torch
 
-from . import _checks, reference
+from . import _checks, _coverage, reference
 from ._loader import LOAD_REASON, extension_has_cuda, extension_loaded
 
 Backend = Literal["auto", "ext", "torch"]
@@ -41,6 +41,9 @@ def resolve_backend(device: torch.device | str, backend: str = "auto") -> tuple[
     elif device.type == "cuda":
         available = extension_has_cuda()
         reason = "fused CUDA kernels" if available else "the extension was built without CUDA kernels"
+        if available:  # checked once per GPU: its arch and its driver's kernel-parameter limit
+            coverage = _coverage.device_coverage(_coverage.cuda_index(device))
+            available, reason = coverage.covered, (reason if coverage.covered else coverage.reason)
     else:
         available, reason = False, f"no compiled kernels for device type {device.type!r}"
     if backend == "ext" and not available:
