@@ -237,7 +237,7 @@ def test_run_and_write(tmp_path) -> None:
     text = paths[1].read_text()
     result_rows = [line for line in text.splitlines() if line.startswith(("| tiny | acc_bf16 |", "| tiny | tail |"))]
     assert len(result_rows) == 2 * len(NON_COMPILED)
-    assert all(row.count("|") == 11 for row in result_rows)  # 10 columns each
+    assert all(row.count("|") == 12 for row in result_rows)  # 11 columns each
     assert "torch " + torch.__version__ in text and results["meta"]["commit"] in text
 
 

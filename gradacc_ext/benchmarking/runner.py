@@ -23,6 +23,7 @@ from .timing import (
     TimingConfig,
     count_launches,
     host_sync_check,
+    peak_extra_bytes,
     rotation_bytes,
     sets_needed,
     summarize,
@@ -190,6 +191,7 @@ def run_cell(workload: Workload, op: Operation, config: BenchConfig, copy: CopyR
         row["pct_copy"] = 100.0 * row["gbps"] / copy_gbps
         row["launches"], row["launch_unit"] = count_launches(lambda f=impls[name]: f(states[0]), device)
         row["host_sync"] = host_sync_check(lambda f=impls[name]: f(states[0]), device)
+        row["peak_extra_bytes"] = peak_extra_bytes(lambda f=impls[name]: f(states[0]), device)
         log(
             f"  {workload.name:11s} {op.key:10s} {name:9s} {row['median_s'] * 1e3:10.3f} ms "
             f"{row['gbps']:8.2f} GB/s {row['pct_copy']:6.1f}% copy  first call {row['first_call_s']:.2f} s"
