@@ -29,13 +29,13 @@ gencode() {  # TORCH_CUDA_ARCH_LIST syntax -> nvcc -gencode flags (as torch's _g
   return 0
 }
 
-echo "nvcc: $("$NVCC" --version | grep -o 'release [0-9.]*'); host: $(nproc) cores"
-printf '%-40s %10s %12s\n' "TORCH_CUDA_ARCH_LIST" "nvcc_s" "object_KiB"
+echo "nvcc: $("$NVCC" --version | grep -o 'release [0-9.]*'); host: $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg)"
+# cpu_s (user + system of nvcc and its children) is what a build costs; wall_s depends on the load.
+printf '%-40s %8s %8s %12s\n' "TORCH_CUDA_ARCH_LIST" "cpu_s" "wall_s" "object_KiB"
+TIMEFORMAT='%U %S %R'
 for list in "$@"; do
   mapfile -t GEN < <(gencode "$list")
-  start=$(date +%s%N)
-  "$NVCC" -c "$ROOT/csrc/cuda/kernels.cu" -o "$TMP/k.o" -std=c++17 -O3 -DGRADACC_WITH_CUDA -Xcompiler -fPIC \
-    "${TORCH_FLAGS[@]}" "${INCLUDES[@]/#/-I}" "${GEN[@]}"
-  end=$(date +%s%N)
-  printf '%-40s %10.1f %12d\n' "$list" "$(echo "($end - $start) / 1000000000" | bc -l)" "$(($(stat -c %s "$TMP/k.o") / 1024))"
+  read -r user sys wall < <({ time "$NVCC" -c "$ROOT/csrc/cuda/kernels.cu" -o "$TMP/k.o" -std=c++17 -O3 \
+    -DGRADACC_WITH_CUDA -Xcompiler -fPIC "${TORCH_FLAGS[@]}" "${INCLUDES[@]/#/-I}" "${GEN[@]}" 2>/dev/null; } 2>&1)
+  printf '%-40s %8.1f %8.1f %12d\n' "$list" "$(echo "$user + $sys" | bc -l)" "$wall" "$(($(stat -c %s "$TMP/k.o") / 1024))"
 done
