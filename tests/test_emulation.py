@@ -175,6 +175,21 @@ def test_global_norm(emu, gen, dtypes, norm_type, layout):
     assert_per_tensor_norms(each, tensors, norm_type)
 
 
+@pytest.mark.parametrize("norm_type", [0.0, 1.0, 3.0, 0.5, -math.inf], ids=lambda p: f"p{p:g}")
+def test_global_norm_any_order(emu, gen, norm_type):
+    """The orders beyond 2 and inf against torch.linalg.vector_norm in float64 (mixed dtypes, unaligned)."""
+    numels = [*ODD_SIZES, 3]
+    tensors = rand_list(numels, random_dtypes(gen, len(numels)), "cpu", gen, unaligned=True)
+    tensors[1][2] = 0.0  # the 0-"norm" counts nonzeros
+    total, each = emu.global_norm(tensors, norm_type, per_tensor=True)
+    x64 = f64(tensors)
+    want_each = torch.stack([torch.linalg.vector_norm(x, norm_type) for x in x64])
+    want = torch.linalg.vector_norm(torch.cat(x64), norm_type)
+    rtol = 0.0 if norm_type in (0.0, -math.inf) else 1e-4  # counts and minima are exact
+    torch.testing.assert_close(total.double(), want, rtol=rtol, atol=0.0)
+    torch.testing.assert_close(each.double(), want_each, rtol=rtol, atol=0.0)
+
+
 # ---- unscale_ / clip_by_norm_ / clip_by_value_ -----------------------------------------------
 
 

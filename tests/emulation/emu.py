@@ -30,7 +30,9 @@ def _ptr(t: torch.Tensor | None) -> ctypes._Pointer | None:
 
 
 def _norm_kind(norm_type: float) -> int:
-    return 1 if norm_type == math.inf else 0
+    """gradacc::NormKind of an order, as csrc/binding.cpp maps it."""
+    special = {2.0: 0, math.inf: 1, -math.inf: 2, 0.0: 3, 1.0: 4}
+    return special.get(norm_type, 5)
 
 
 class Emulator:
@@ -43,7 +45,8 @@ class Emulator:
             _FLOAT_P, _FLOAT_P, _FLOAT_P, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
         ]  # fmt: skip
         self.lib.emu_norm.argtypes = [
-            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, _FLOAT_P, _FLOAT_P, ctypes.c_char_p, ctypes.c_size_t,
+            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double, _FLOAT_P, _FLOAT_P, ctypes.c_char_p,
+            ctypes.c_size_t,
         ]  # fmt: skip
         self.lib.emu_scale.argtypes = [
             ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, _FLOAT_P, _FLOAT_P, _FLOAT_P, ctypes.c_float,
@@ -72,7 +75,7 @@ class Emulator:
         total = torch.full((), math.nan)  # poisoned: the kernels must write both outputs
         each = torch.full((len(tensors) if per_tensor else 0,), math.nan)
         self._call(
-            self.lib.emu_norm, _spans(tensors), len(tensors), _norm_kind(norm_type), _ptr(total),
+            self.lib.emu_norm, _spans(tensors), len(tensors), _norm_kind(norm_type), norm_type, _ptr(total),
             _ptr(each) if per_tensor else None,
         )  # fmt: skip
         return total, each

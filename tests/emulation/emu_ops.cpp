@@ -68,11 +68,12 @@ int emu_accumulate(const EmuSpan* bufs, const EmuSpan* grads, int64_t n, float a
   return finish(gradacc::cuda::launch_accumulate(p, ws.data(), nullptr), err, err_len);
 }
 
-int emu_norm(const EmuSpan* tensors, int64_t n, int norm_kind, float* total_out, float* per_tensor_out, char* err,
-             size_t err_len) {
+int emu_norm(const EmuSpan* tensors, int64_t n, int norm_kind, double order, float* total_out, float* per_tensor_out,
+             char* err, size_t err_len) {
   gradacc::NormParams p;
   p.tensors = spans(tensors, n);
   p.norm_kind = NormKind(norm_kind);
+  p.p = order;
   p.total_out = total_out;
   p.per_tensor_out = per_tensor_out;
   auto ws = workspace(gradacc::cuda::norm_workspace_bytes(p));
