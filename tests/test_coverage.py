@@ -55,13 +55,13 @@ def mock_gpu(monkeypatch):
     monkeypatch.setattr(api, "extension_has_cuda", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    _coverage.device_coverage.cache_clear()
+    _coverage.forget()
 
     def use(facts: _coverage.DeviceFacts) -> None:
         monkeypatch.setattr(_coverage, "device_facts", lambda index: replace(facts, device=f"cuda:{index}"))
 
     yield use
-    _coverage.device_coverage.cache_clear()
+    _coverage.forget()
 
 
 def test_uncovered_gpu_falls_back_and_warns_once(mock_gpu):
@@ -115,7 +115,7 @@ def test_fallback_matches_the_fused_kernels_on_a_gpu(monkeypatch, gen):
     results = {}
     for path, arch_list in (("fused", facts.arch_list), ("fallback", None)):
         monkeypatch.setattr(_coverage, "device_facts", lambda index, a=arch_list: replace(facts, arch_list=a))
-        _coverage.device_coverage.cache_clear()
+        _coverage.forget()
         bufs = [b.clone() for b in start]
         found, norm = torch.zeros(1, device="cuda"), torch.full((), math.nan, device="cuda")
         with warnings.catch_warnings():
@@ -124,6 +124,6 @@ def test_fallback_matches_the_fused_kernels_on_a_gpu(monkeypatch, gen):
             gradacc_ext.accumulate_final_(bufs, grads, found, norm, 0.5)
         assert_close_list(bufs, want, mag, 3, path)
         results[path] = (found.item(), norm.item())
-    _coverage.device_coverage.cache_clear()
+    _coverage.forget()
     assert results["fused"][0] == results["fallback"][0] == 0.0
     assert math.isclose(results["fused"][1], results["fallback"][1], rel_tol=1e-5)

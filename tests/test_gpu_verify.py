@@ -18,7 +18,8 @@ GPU_STEPS = {"env", "build", "tests", "gpu_checks", "memcheck", "racecheck", "be
 
 
 def run_script(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHON=sys.executable)
+    env.pop("PYTHONPATH", None)  # the script must find the in-place build by itself
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 

@@ -20,7 +20,6 @@ function of DeviceFacts, so it is tested on any machine with mocked facts.
 from __future__ import annotations
 
 import ctypes
-import functools
 import re
 import warnings
 from dataclasses import dataclass
@@ -139,18 +138,29 @@ def device_facts(index: int) -> DeviceFacts:
     )
 
 
-@functools.cache
+# Decisions by device index. A plain dict, not functools.cache: after the first (eager) use an op
+# traced by torch.compile sees only a dict lookup here.
+_DECIDED: dict[int, Coverage] = {}
+
+
 def device_coverage(index: int) -> Coverage:
     """The decision for GPU `index`, made on its first use; an uncovered GPU warns here, once."""
-    coverage = decide(device_facts(index))
-    if not coverage.covered:
-        warnings.warn(
-            f"gradacc_ext: {coverage.reason}. The ops use the pure-PyTorch reference on this GPU "
-            "(same results within the documented tolerances, slower).",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+    coverage = _DECIDED.get(index)
+    if coverage is None:
+        coverage = _DECIDED[index] = decide(device_facts(index))
+        if not coverage.covered:
+            warnings.warn(
+                f"gradacc_ext: {coverage.reason}. The ops use the pure-PyTorch reference on this GPU "
+                "(same results within the documented tolerances, slower).",
+                RuntimeWarning,
+                stacklevel=4,
+            )
     return coverage
+
+
+def forget() -> None:
+    """Drops every decision, so the next use decides again (tests that mock the device facts)."""
+    _DECIDED.clear()
 
 
 def cuda_index(device: torch.device) -> int:
