@@ -44,12 +44,6 @@ def _reference_ops() -> SimpleNamespace:
         alpha, tensor = (1.0, scale) if isinstance(scale, torch.Tensor) else (float(scale), None)
         reference.accumulate_(bufs, grads, alpha, tensor, assign)
 
-    def accumulate_final_(
-        bufs, grads, found_inf, norm_out, scale=1.0, *, inv_scale=None, assign=False, norm_type=2.0, backend=None
-    ):
-        alpha, tensor = (1.0, scale) if isinstance(scale, torch.Tensor) else (float(scale), None)
-        reference.accumulate_final_(bufs, grads, alpha, tensor, assign, inv_scale, found_inf, norm_out, norm_type)
-
     def unscale_(tensors, inv_scale, found_inf, *, backend=None):
         reference.unscale_(tensors, inv_scale, found_inf)
 
@@ -64,7 +58,6 @@ def _reference_ops() -> SimpleNamespace:
 
     return SimpleNamespace(
         accumulate_=accumulate_,
-        accumulate_final_=accumulate_final_,
         unscale_=unscale_,
         global_norm=global_norm,
         clip_by_norm_=clip_by_norm_,
