@@ -22,8 +22,8 @@
 #
 # --dry-run works on a machine without a GPU (CI runs it, tests/test_gpu_verify.py): it prints
 # the plan, checks that every file and tool the plan names is there, and runs the CPU-runnable
-# pieces (env, the smoke script on the CPU, a tiny CPU benchmark into DIR). It never builds and
-# never writes benchmarks/results/.
+# pieces (env, the smoke script on the CPU, a tiny CPU benchmark into DIR, the GPU benchmark's
+# arguments parsed). It never builds and never writes benchmarks/results/.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -106,7 +106,7 @@ MEMCHECK=("$SANITIZER" --tool memcheck --error-exitcode 9 --target-processes all
 RACECHECK=("$SANITIZER" --tool racecheck --racecheck-report all --error-exitcode 9 "$PY" scripts/gpu_smoke_ops.py --device cuda)
 # The >2^31-element tensor is gpu_checks' job: its benchmark cell alone would take much of the budget.
 BENCH=("$PY" benchmarks/compare.py --device cuda --workloads gpt2-small,small-2000 --ops acc_bf16,tail,norm
-  --min-time 0.2 --max-reps 200 --no-plot --out-dir benchmarks/results)
+  --min-time 0.2 --max-time 1.0 --no-plot --out-dir benchmarks/results)
 
 step env 30 "$PY" scripts/gpu_verify_report.py env "$OUT"
 if [[ $DRY -eq 1 ]]; then
@@ -121,10 +121,13 @@ if [[ $DRY -eq 1 ]]; then
   plan gpu_checks 200 "${CHECKS[@]}"  # collected (and skipped) by the CPU test suite itself
   step smoke_cpu 120 "$PY" scripts/gpu_smoke_ops.py --device cpu --layouts odd,unaligned &
   step bench_cpu 120 "$PY" benchmarks/compare.py --device cpu --workloads small-2000=0.05 --ops norm \
-    --impls gradacc,eager --no-compile --warmup 0 --min-reps 1 --max-reps 1 --min-time 0 --no-plot \
+    --impls gradacc,eager --no-compile --min-time 0 --max-time 0.05 --no-plot \
     --out-dir "$OUT/bench" &
   wait
   plan bench 170 "${BENCH[@]}"
+  # The GPU benchmark's own arguments, parsed as compare.py will parse them (its config wants a GPU).
+  step bench_args 60 "$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); import compare, gradacc_ext.benchmarking as b
+a = compare.parse_args(sys.argv[1:]); b.parse_workloads(a.workloads); b.parse_operations(a.ops)" "${BENCH[@]:2}"
 else
   step build 200 "${BUILD[@]}"
   if grep -q $'^build\tok' "$OUT/steps.tsv"; then

@@ -49,7 +49,11 @@ def environment() -> dict[str, object]:
 
 
 def summary(out: Path) -> dict[str, object]:
-    env = json.loads((out / "env.json").read_text())
+    env_file = out / "env.json"
+    env = json.loads(env_file.read_text()) if env_file.exists() else {}  # the env step failed: say unknown
+    for key in ("date", "commit", "host", "cpu_count", "torch", "torch_cuda", "driver"):
+        env.setdefault(key, None)
+    env.setdefault("gpus", [])
     steps = []
     for line in (out / "steps.tsv").read_text().splitlines():
         name, status, rc, seconds, limit, log = line.split("\t")

@@ -30,7 +30,7 @@ def test_dry_run_passes_and_records_every_step(tmp_path):
     steps = {s["step"]: s for s in summary["steps"]}
     assert summary["ok"] and GPU_STEPS <= set(steps), steps
     assert {s["status"] for s in steps.values()} <= {"ok", "dry-run"}
-    for name in ("smoke_cpu", "bench_cpu"):  # the pieces a CPU can run did run
+    for name in ("smoke_cpu", "bench_cpu", "bench_args"):  # the pieces a CPU can run did run
         assert steps[name]["status"] == "ok" and (tmp_path / f"{name}.log").stat().st_size > 0
     env = summary["environment"]
     for key in ("date", "commit", "torch", "driver", "gpus"):
