@@ -73,3 +73,20 @@ def test_clip_value_beyond_a_16bit_range_matches_the_kernels(ext_device, gen, dt
     gradacc_ext.clip_by_value_([ext], clip_value, backend="ext")
     gradacc_ext.clip_by_value_([ref], clip_value, backend="torch")
     assert torch.equal(ext.view(torch.int16), ref.view(torch.int16))
+
+
+def test_a_float64_list_takes_any_finite_value(device, backend, gen):
+    """float64 lists are clipped in double, so a value beyond float32 is in range for them; one float32
+    tensor in the list makes it an error again."""
+    x = [torch.randn(33, generator=gen, dtype=torch.float64).to(device) * 1e300 for _ in range(2)]
+    want = [t.clamp(-1e39, 1e39) for t in x]
+    gradacc_ext.clip_by_value_(x, 1e39, backend=backend)
+    assert all(torch.equal(a, b) for a, b in zip(x, want, strict=True))
+    norm = torch.tensor(1e40, dtype=torch.float64, device=device)
+    want = [t * (1e39 / (1e40 + 1e38)) for t in x]
+    gradacc_ext.clip_by_norm_(x, norm, 1e39, 1e38, backend=backend)
+    for a, b in zip(x, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-15, atol=0)
+    mixed = [*x, torch.randn(3, generator=gen).to(device)]
+    with pytest.raises(ValueError, match=r"clip_value = .* does not fit in float32"):
+        gradacc_ext.clip_by_value_(mixed, 1e39, backend=backend)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # gradacc::DType
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}  # gradacc::DType
 SCALE_MODES = {"unscale": 0, "clip_norm": 1, "clip_value": 2}  # gradacc::ScaleMode
 _FLOAT_P = ctypes.POINTER(ctypes.c_float)
 
