@@ -123,7 +123,8 @@ def test_norm_and_scale_variants_match(isas: list[str], dtype: torch.dtype, spec
     xs = tensors(dtype, gen, specials=specials)
 
     def norms(x: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [*ops.global_norm(x, per_tensor=True), *ops.global_norm(x, float("inf"), per_tensor=True)]
+        out = [*ops.global_norm(x, per_tensor=True), *ops.global_norm(x, float("inf"), per_tensor=True)]
+        return out + [ops.global_norm(x, p) for p in (1.0, 3.0, 0.0, -float("inf"))]
 
     def unscale(x: list[torch.Tensor]) -> list[torch.Tensor]:
         found = scalar(0.0)

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from gradacc_ext.accumulate.accumulator import GradientAccumulator
+from gradacc_ext.accumulate.window_end import WindowEnd
 from gradacc_ext.cli import demo_plot, main
 from gradacc_ext.cli.demo_data import PAD, TaskConfig, make_batch
 from gradacc_ext.cli.progress import Progress
@@ -74,8 +74,8 @@ def test_demo_detects_wrong_normalisation(capsys):
 def test_demo_detects_a_wrong_normaliser_inside_the_accumulator(capsys, monkeypatch):
     # A library bug rather than a user one: the window's normaliser counts one
     # token too many. Clipping is off so nothing rescales the gradient back.
-    real = GradientAccumulator._inv_scale
-    monkeypatch.setattr(GradientAccumulator, "_inv_scale", lambda self, count: real(self, count + 1))
+    real = WindowEnd._inv_scale
+    monkeypatch.setattr(WindowEnd, "_inv_scale", lambda self, count: real(self, count + 1))
     code, out = run_demo(
         capsys, "--batch-size", "2", "--grad-accum-steps", "3", "--steps", "1", "--no-plot", "--max-grad-norm", "0"
     )

@@ -27,6 +27,7 @@ import torch
 
 from .accumulator import GradientAccumulator, LossFn
 from .config import GradientAccumulationConfig
+from .window import check_loss
 
 
 def batch_size_of(batch: Any) -> int:
@@ -136,8 +137,8 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
     def _run_chunk(self, chunk: Any, n: int, total: int, loss_fn: LossFn, last: bool) -> bool:
         out = loss_fn(self.module, chunk)
         loss, num_items = out if isinstance(out, tuple) else (out, None)
-        self._check_loss(loss)
-        weight, count = self._weight(num_items)
+        check_loss(loss)
+        weight, count = self._window.weight(num_items)
         if num_items is None:
             # A mean loss over this chunk stands for n/total of the micro-batch's mean.
             weight, count = n / total, n / total

@@ -77,6 +77,14 @@ class GradientAccumulationConfig:
     Stats
       grad_norm_history: how many per-step grad norms to keep on the device (0: none);
       track_memory: record CUDA peak memory per step (host counters, no sync).
+    Memory (see README's memory model)
+      bucket_size_bytes: gradients are folded into the buffers during backward
+        whenever this many bytes of them are queued (default 25 MiB, DDP's
+        bucket_cap_mb: a few launches per backward for GPT-2-sized models
+        while holding at most one bucket, about 5% of GPT-2 small's fp32
+        gradients, beyond the buffers);
+      release_buffers: free the buffers after every optimizer step, for
+        activations (re-created, without a zeroing pass, by the next window).
     backend: "auto" (compiled kernels when available), "ext" or "torch" (reference).
     """
 
@@ -97,6 +105,8 @@ class GradientAccumulationConfig:
     skip_nonfinite: bool = True
     grad_norm_history: int = 1000
     track_memory: bool = True
+    bucket_size_bytes: int = 25 * 1024 * 1024
+    release_buffers: bool = False
     backend: str = "auto"
 
     def __post_init__(self) -> None:
@@ -139,6 +149,9 @@ class GradientAccumulationConfig:
             raise ValueError(
                 f"GradientAccumulationConfig.grad_norm_history must be an integer >= 0, got {self.grad_norm_history!r}"
             )
+        _positive_int("bucket_size_bytes", self.bucket_size_bytes)
+        if not isinstance(self.release_buffers, bool):
+            raise ValueError(f"GradientAccumulationConfig.release_buffers must be a bool, got {self.release_buffers!r}")
         _choice("backend", self.backend, BACKENDS)
 
     def _derive_steps(self) -> None:

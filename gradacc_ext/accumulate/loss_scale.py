@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .config import GradientAccumulationConfig
+
 
 class LossScale:
     """The scale of one window: constant while the window accumulates, updated once at its end."""
@@ -20,6 +22,31 @@ class LossScale:
         if not scaler.is_enabled():
             raise ValueError("GradientAccumulator: the GradScaler passed as scaler= is disabled (enabled=False)")
         self.scaler = scaler
+
+    @classmethod
+    def for_config(
+        cls, config: GradientAccumulationConfig, scaler: torch.amp.GradScaler | None, device: torch.device
+    ) -> LossScale | None:
+        """The loss scale of mixed_precision='fp16' (the given scaler, or one made from the config); else None."""
+        mode = config.mixed_precision
+        if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
+            raise TypeError(f"GradientAccumulator: scaler must be a torch.amp.GradScaler, got {type(scaler)}")
+        if mode != "fp16":
+            if scaler is not None:
+                raise ValueError(
+                    f"GradientAccumulator: a scaler was given but config.mixed_precision={mode!r}; "
+                    "loss scaling is only used with mixed_precision='fp16'"
+                )
+            return None
+        if scaler is None:
+            scaler = torch.amp.GradScaler(
+                device.type,
+                init_scale=config.init_scale,
+                growth_factor=config.growth_factor,
+                backoff_factor=config.backoff_factor,
+                growth_interval=config.growth_interval,
+            )
+        return cls(scaler)
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss)

@@ -1,0 +1,87 @@
+"""The window's optimizer step, its skip on non-finite gradients, and the scheduler step it defers.
+
+Host syncs: per window, one (reading found_inf to skip a non-finite step)
+when skip_nonfinite is on and the optimizer is not fused; none with a fused
+optimizer (torch's Adam/AdamW/SGD with fused=True), which gets found_inf as
+a tensor and skips on the device. Then whether the window was skipped is
+read lazily: the scheduler step of window k (taken only if it was a real
+step) happens just before window k+1's optimizer step, or whenever the
+accumulator calls resolve() (flush, state_dict, synchronize, a stats read),
+so every optimizer step uses exactly the learning rate of the plain loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .stats import AccumulatorStats
+
+
+class _DeferredFlag:
+    """found_inf of a fused step, copied to the host without waiting; read when needed."""
+
+    def __init__(self, flag: torch.Tensor) -> None:
+        self._event: torch.cuda.Event | None = None
+        if flag.is_cuda:
+            self._host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
+            self._host.copy_(flag, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = flag.clone()
+
+    def get(self) -> bool:
+        if self._event is not None:
+            self._event.synchronize()  # waits for this copy only, long done by the next window
+        return bool(self._host.item())
+
+
+class OptimizerStepper:
+    """Steps the optimizer once per window (or skips it) and the scheduler once per real step."""
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, scheduler: Any | None, skip_nonfinite: bool, stats: AccumulatorStats
+    ) -> None:
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.skip_nonfinite = skip_nonfinite
+        self.stats = stats
+        # GradScaler's protocol: fused optimizers take found_inf (and grad_scale) as tensors.
+        self.fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and skip_nonfinite
+        self.pending: _DeferredFlag | None = None
+        self.last_skipped: bool | None = None
+
+    def step(self, found_inf: torch.Tensor) -> None:
+        optimizer = self.optimizer
+        if self.fused:
+            self.resolve()
+            # The buffers are already unscaled: only found_inf, which makes the kernel skip on the device.
+            optimizer.grad_scale, optimizer.found_inf = None, found_inf
+            try:
+                optimizer.step()
+            finally:
+                del optimizer.grad_scale, optimizer.found_inf
+            self.pending = _DeferredFlag(found_inf)
+            return
+        skipped = self.skip_nonfinite and bool(found_inf.item())  # the window's one host sync
+        if not skipped:
+            optimizer.step()
+        self._record(skipped)
+
+    def resolve(self) -> None:
+        """Reads a deferred fused step's outcome (one host read): counts it, steps the scheduler if real."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self._record(pending.get())
+
+    def forget(self) -> None:
+        """Drops the deferred outcome (a checkpoint load replaces the counters it would update)."""
+        self.pending, self.last_skipped = None, None
+
+    def _record(self, skipped: bool) -> None:
+        self.last_skipped = skipped
+        self.stats.outcome(skipped)
+        if not skipped and self.scheduler is not None:
+            self.scheduler.step()
