@@ -48,9 +48,10 @@ def _write_build_config(config: dict) -> None:
 
 def _isa_variants() -> dict[str, list[str]]:
     """The CPU variants to build besides the baseline: x86-64 only, with a GCC/Clang-style compiler."""
-    if platform.machine().lower() not in ("x86_64", "amd64") or os.name == "nt":
+    off = os.environ.get("GRADACC_CPU_VARIANTS", "1").strip().lower() in ("0", "false", "no", "off")
+    if off or platform.machine().lower() not in ("x86_64", "amd64") or os.name == "nt":
         return {}
-    return {} if os.environ.get("GRADACC_CPU_VARIANTS", "1").strip().lower() in ("0", "false", "no", "off") else X86_ISA_FLAGS
+    return X86_ISA_FLAGS
 
 
 def _with_isa_variants(build_ext_class: type, variants: dict[str, list[str]]) -> type:

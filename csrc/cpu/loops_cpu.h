@@ -187,8 +187,8 @@ NormAcc reduce_norm(const T* __restrict x, int64_t n) {
   NormAcc total = norm_acc_init();
   for (; i < n; ++i) total = norm_acc_add(total, Elem<T>::load(x[i]));
   for (int l = 0; l < kLanes; ++l) {
-    const NormAcc lane{sumsq[l / kVecLanes][l % kVecLanes], bits_float(uint32_t(maxbits[l / kVecLanes][l % kVecLanes]))};
-    total = norm_acc_merge(total, lane);
+    const int k = l / kVecLanes, j = l % kVecLanes;
+    total = norm_acc_merge(total, NormAcc{sumsq[k][j], bits_float(uint32_t(maxbits[k][j]))});
   }
   return total;
 }
