@@ -28,7 +28,7 @@ BUILD_CONFIG = ROOT / "gradacc_ext" / "_build_config.py"
 CPU_ISA_SOURCES = ["csrc/cpu/kernels_cpu.cpp"]
 # x86-64 variants beside the baseline, by namespace. ATen's AVX2 / AVX512 CPU capability, which picks the variant
 # at runtime (csrc/cpu/isa.cpp), implies every extension named here. No -mfma: -ffp-contract=off forbids
-# contraction anyway. AVX512_BF16's conversion flushes subnormals to zero, so it is not used (csrc/cpu/isa.h).
+# contraction anyway. AVX512_BF16's conversion flushes subnormals to zero, so it is not used (csrc/cpu/loops_cpu.h).
 X86_ISA_FLAGS = {
     "isa_avx2": ["-mavx2", "-mf16c"],
     "isa_avx512": ["-mavx2", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"],
