@@ -13,7 +13,10 @@ is re-raised as a RuntimeError that says so.
 This follows Composer's device_train_microbatch_size="auto" (ANCHORS.md),
 with one difference that removes its DDP deadlock (Composer PR #2117): no
 collective runs until the window's end, so ranks may split differently
-without agreeing first.
+without agreeing first. Under FSDP2/HSDP and DDP's "overlap" mode collectives
+run inside micro-steps, so an OOM is re-raised at once as a clear error on
+its rank (the others fail at the process group's timeout) instead of
+splitting alone and desynchronising the collectives.
 """
 
 from __future__ import annotations
@@ -78,9 +81,9 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
 
     def __init__(
         self,
-        model_or_params: torch.nn.Module | Any,
-        optimizer: torch.optim.Optimizer,
-        config: GradientAccumulationConfig,
+        model_or_params: torch.nn.Module | Any | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        config: GradientAccumulationConfig | None = None,
         scheduler: Any | None = None,
         scaler: torch.amp.GradScaler | None = None,
         *,
@@ -96,7 +99,7 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
             ):
                 raise ValueError(f"AdaptiveGradientAccumulator: {name} must be an integer >= 1, got {value!r}")
         super().__init__(model_or_params, optimizer, config, scheduler, scaler)
-        self.micro_batch_size = micro_batch_size if micro_batch_size is not None else config.micro_batch_size
+        self.micro_batch_size = micro_batch_size if micro_batch_size is not None else self.config.micro_batch_size
         self.min_micro_batch_size = min_micro_batch_size
         self.adaptation_history: list[dict[str, int]] = []
 
@@ -119,6 +122,13 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
                     closed = self._run_chunk(chunk, n, total, loss_fn, last=not queue)
                 except torch.OutOfMemoryError as oom:
                     self._drop_grads()
+                    if not self._sync.splits_alone:
+                        raise RuntimeError(
+                            f"AdaptiveGradientAccumulator: out of memory at micro-batch size {n} under "
+                            f"{self._sync.name}, whose forward/backward run collectives, so this rank cannot split "
+                            "alone; the other ranks fail at the process group's timeout. Lower micro_batch_size "
+                            "(or use DDP with ddp_reduce='buffer', where ranks split independently)"
+                        ) from oom
                     if torch.cuda.is_available():
                         torch.cuda.empty_cache()
                     if n <= self.min_micro_batch_size:

@@ -15,12 +15,25 @@ from typing import Any, Literal
 import torch
 
 MixedPrecision = Literal["no", "fp16", "bf16"]
-LossNormalization = Literal["mean", "sum"]
+LossNormalization = Literal["mean", "sum", "none"]
 
 MIXED_PRECISION = ("no", "fp16", "bf16")
-LOSS_NORMALIZATION = ("mean", "sum")
+# Other spellings users bring (torch dtypes, Lightning/nanoGPT names), read as the canonical ones.
+MIXED_PRECISION_SPELLINGS = {
+    torch.float32: "no",
+    "float32": "no",
+    torch.bfloat16: "bf16",
+    "bfloat16": "bf16",
+    torch.float16: "fp16",
+    "float16": "fp16",
+}
+LOSS_NORMALIZATION = ("mean", "sum", "none")
 BACKENDS = ("auto", "ext", "torch")
 ACCUM_DTYPES = (torch.float32, None)
+SHARDING = ("auto", "fsdp", "hsdp")
+FSDP_REDUCE = ("micro_step", "window")
+DDP_REDUCE = ("buffer", "overlap")
+COMM_DTYPES = (None, torch.bfloat16)
 
 
 def _positive_int(name: str, value: object, allow_none: bool = False) -> None:
@@ -51,13 +64,16 @@ class GradientAccumulationConfig:
         None and give target_batch_size and micro_batch_size (and world_size):
         the steps are target / (micro * world), which must be an integer.
     Clipping (on the fully accumulated, unscaled gradient, once per window)
-      max_grad_norm: clip the global norm to this (None: no norm clipping);
+      max_grad_norm: clip the global norm to this (None or 0.0: no norm clipping,
+        0.0 being nanoGPT's and HF Trainer's spelling of "off");
       norm_type: 2.0 or inf, for clipping and for the recorded grad norm;
       clip_value: clamp every gradient element to [-clip_value, clip_value]
         (applied after norm clipping when both are set).
     Precision
       mixed_precision: "no", "bf16" (autocast, no loss scaling) or "fp16"
         (autocast plus dynamic loss scaling through a torch.amp.GradScaler);
+        torch.float32/bfloat16/float16 and "float32"/"bfloat16"/"float16"
+        are read as "no"/"bf16"/"fp16";
       accum_dtype: torch.float32 (default) accumulates fp16/bf16 parameters'
         gradients in fp32 buffers; None accumulates in each parameter's dtype;
       init_scale, growth_factor, backoff_factor, growth_interval: the loss
@@ -69,7 +85,10 @@ class GradientAccumulationConfig:
       "sum": each micro-batch loss is a SUM over its items (tokens) and
         backward() must get `num_items`; the window gradient is divided by
         the total item count of the window across all ranks (the
-        full-batch token mean, even with padding and variable lengths).
+        full-batch token mean, even with padding and variable lengths);
+      "none": the loss is already divided by the caller (a loop that keeps
+        `loss = loss / accumulation_steps`): the window's gradient is the
+        plain sum of the micro-batch gradients, nothing more is divided.
     Steps
       skip_nonfinite: skip the optimizer (and scheduler) step when the
         accumulated gradient holds inf/NaN. Always on for fp16. Costs one host
@@ -86,6 +105,17 @@ class GradientAccumulationConfig:
       release_buffers: free the buffers after every optimizer step, for
         activations (re-created, without a zeroing pass, by the next window).
     backend: "auto" (compiled kernels when available), "ext" or "torch" (reference).
+    Data parallel (gradacc_ext.distributed; README "Distributed")
+      sharding: "auto" (from the model's mesh), "fsdp" (1-D mesh) or "hsdp"
+        (2-D replicate x shard mesh): the FSDP2 layout the model must have;
+      fsdp_reduce: "micro_step" (default: reduce-scatter every micro-step,
+        gradient memory 1/world, mid-window checkpoints) or "window" (one
+        reduce-scatter per window, unsharded gradients held all window);
+      ddp_reduce: "buffer" (default: one all-reduce of the flat buffers after
+        the last backward) or "overlap" (DDP's bucketed reducer all-reduces
+        the window's sum during the closing backward);
+      comm_dtype: None (the buffers' dtype) or torch.bfloat16: DDP sends
+        gradients in bf16 while accumulating in the buffers' dtype.
     """
 
     accumulation_steps: int | None = None
@@ -108,18 +138,26 @@ class GradientAccumulationConfig:
     bucket_size_bytes: int = 25 * 1024 * 1024
     release_buffers: bool = False
     backend: str = "auto"
+    sharding: str = "auto"
+    fsdp_reduce: str = "micro_step"
+    ddp_reduce: str = "buffer"
+    comm_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         _positive_int("world_size", self.world_size)
         _positive_int("target_batch_size", self.target_batch_size, allow_none=True)
         _positive_int("micro_batch_size", self.micro_batch_size, allow_none=True)
         self._derive_steps()
-        _positive_float("max_grad_norm", self.max_grad_norm)
+        if self.max_grad_norm == 0 and not isinstance(self.max_grad_norm, bool):
+            self.max_grad_norm = None
+        _positive_float("max_grad_norm", self.max_grad_norm)  # 0.0 was turned into None (off) above
         _positive_float("clip_value", self.clip_value)
         if isinstance(self.norm_type, bool) or self.norm_type not in (2, 2.0, math.inf):
             raise ValueError(f"GradientAccumulationConfig.norm_type must be 2.0 or math.inf, got {self.norm_type!r}")
         self.norm_type = float(self.norm_type)
-        _choice("mixed_precision", self.mixed_precision, MIXED_PRECISION)
+        if isinstance(self.mixed_precision, (str, torch.dtype)):
+            self.mixed_precision = MIXED_PRECISION_SPELLINGS.get(self.mixed_precision, self.mixed_precision)
+        _choice("mixed_precision", self.mixed_precision, MIXED_PRECISION + tuple(MIXED_PRECISION_SPELLINGS))
         if self.accum_dtype not in ACCUM_DTYPES:
             raise ValueError(
                 f"GradientAccumulationConfig.accum_dtype must be torch.float32 or None (the parameter's dtype), "
@@ -153,6 +191,10 @@ class GradientAccumulationConfig:
         if not isinstance(self.release_buffers, bool):
             raise ValueError(f"GradientAccumulationConfig.release_buffers must be a bool, got {self.release_buffers!r}")
         _choice("backend", self.backend, BACKENDS)
+        _choice("sharding", self.sharding, SHARDING)
+        _choice("fsdp_reduce", self.fsdp_reduce, FSDP_REDUCE)
+        _choice("ddp_reduce", self.ddp_reduce, DDP_REDUCE)
+        _choice("comm_dtype", self.comm_dtype, COMM_DTYPES)
 
     def _derive_steps(self) -> None:
         sizes_given = self.target_batch_size is not None or self.micro_batch_size is not None
@@ -193,6 +235,7 @@ class GradientAccumulationConfig:
     def to_dict(self) -> dict[str, Any]:
         """A plain dict for logs and the stats API (the dtype as its name)."""
         out = asdict(self)
-        out["accum_dtype"] = None if self.accum_dtype is None else str(self.accum_dtype).replace("torch.", "")
+        for key in ("accum_dtype", "comm_dtype"):
+            out[key] = None if out[key] is None else str(out[key]).replace("torch.", "")
         out["effective_batch_size"] = self.effective_batch_size
         return out

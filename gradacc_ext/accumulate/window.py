@@ -20,7 +20,7 @@ class Window:
     def __init__(self, loss_normalization: str, device: torch.device, *, weighting_allowed: bool = True) -> None:
         self.mode = loss_normalization
         self.device = device
-        # FSDP2 accumulates the window itself, so micro-batches cannot be weighted in "mean" mode.
+        # FSDP2/HSDP and DDP's overlap reduce gradients before they reach the buffers: no weighting in "mean" mode.
         self._weighting_allowed = weighting_allowed
         self.reset()
 
@@ -32,6 +32,13 @@ class Window:
 
     def weight(self, num_items: int | torch.Tensor | None) -> tuple[float | torch.Tensor, float | torch.Tensor]:
         """(weight of this micro-step's gradient, its contribution to the window's normaliser)."""
+        if self.mode == "none":
+            if num_items is not None:
+                raise ValueError(
+                    "GradientAccumulator.backward: num_items cannot be given with loss_normalization='none' (the "
+                    "losses are already divided by the caller and nothing is divided again)"
+                )
+            return 1.0, 1.0
         if num_items is None:
             if self.mode == "sum":
                 raise ValueError(
@@ -51,8 +58,9 @@ class Window:
             )
         if not self._weighting_allowed and self.mode == "mean":
             raise ValueError(
-                "GradientAccumulator.backward: with FSDP2, FSDP accumulates the window itself, so micro-batches "
-                "cannot be weighted; use loss_normalization='sum' with num_items, or omit num_items"
+                "GradientAccumulator.backward: with FSDP2/HSDP or ddp_reduce='overlap', gradients are reduced across "
+                "ranks before the accumulator sees them, so micro-batches cannot be weighted; use "
+                "loss_normalization='sum' with num_items, or omit num_items"
             )
         if isinstance(num_items, torch.Tensor):
             if num_items.numel() != 1 or num_items.is_complex() or num_items.dtype == torch.bool:
@@ -80,8 +88,10 @@ class Window:
             self.count_host += count
 
     def count(self) -> torch.Tensor:
-        """The window's normaliser as a float64 device tensor of shape (1,)."""
-        count = torch.full((1,), self.count_host, dtype=torch.float64, device=self.device)
+        """The window's normaliser as a float64 device tensor of shape (1,) (1 in "none" mode)."""
+        count = torch.full(
+            (1,), 1.0 if self.mode == "none" else self.count_host, dtype=torch.float64, device=self.device
+        )
         return count if self.count_dev is None else count + self.count_dev
 
     # -- checkpointing ----------------------------------------------------------------------------------------------
