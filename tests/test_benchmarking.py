@@ -39,7 +39,18 @@ def gpt_numel(vocab: int, ctx: int, d: int, layers: int) -> int:
 
 
 @pytest.mark.parametrize(
-    "key, per_element", [("acc_bf16", 10), ("acc_fp32", 12), ("tail", 18), ("norm", 4), ("clip", 8), ("tail_adamw", 46)]
+    "key, per_element",
+    [
+        ("acc_bf16", 10),
+        ("acc_fp32", 12),
+        ("tail", 18),
+        ("norm", 4),
+        ("clip", 8),
+        ("tail_adamw", 46),
+        ("unscale_fp32", 8),
+        ("unscale_bf16", 4),
+        ("unscale_fp16", 4),
+    ],
 )
 def test_byte_model(key: str, per_element: int) -> None:
     op = OPERATIONS[key]
@@ -172,6 +183,20 @@ def test_every_implementation_flags_an_inf() -> None:
     for name in NON_COMPILED:
         s = make_state(TINY, op, "cpu", seed=7)
         s.grads[3][100] = math.inf
+        impls_mod.build_impl(name, op)(s)
+        assert float(s.found_inf) == 1.0, name
+
+
+@pytest.mark.parametrize("key", ["unscale_fp32", "unscale_bf16", "unscale_fp16"])
+def test_unscale_alone_flags_an_inf_and_keeps_magnitudes(key: str) -> None:
+    op = OPERATIONS[key]
+    for name in NON_COMPILED:
+        s = make_state(TINY, op, "cpu", seed=9)
+        assert all(b.dtype == op.buf_dtype for b in s.bufs) and not s.grads
+        before = [b.clone() for b in s.bufs]
+        impls_mod.build_impl(name, op)(s)
+        assert float(s.found_inf) == 0.0 and all(torch.equal(b, -a) for a, b in zip(before, s.bufs, strict=True))
+        s.bufs[3][7] = math.nan
         impls_mod.build_impl(name, op)(s)
         assert float(s.found_inf) == 1.0, name
 

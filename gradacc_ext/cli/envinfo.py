@@ -44,6 +44,11 @@ def collect() -> dict[str, Any]:
             "with_cuda_kernels": build["with_cuda"],
         },
         "arch_list": build["arch_list"],
+        "cpu": {
+            "isa": build["cpu_isa"],
+            "compiled": build["cpu_isas"],
+            "torch_capability": torch.backends.cpu.get_cpu_capability(),
+        },
         "gpus": gpus or None,
         "backends": backends,
     }
@@ -60,6 +65,8 @@ def render(info: dict[str, Any]) -> str:
         f"CUDA:       built {cuda_info['built'] or 'none (CPU-only build)'}, running {cuda_info['running'] or 'none'}"
         f", GPU available: {'yes' if cuda_info['available'] else 'no'}",
         f"GPU archs:  compiled {info['arch_list'] or 'none'}",
+        f"CPU ISA:    {info['cpu']['isa'] or 'none'} (compiled: {', '.join(info['cpu']['compiled']) or 'none'}; "
+        f"torch capability {info['cpu']['torch_capability']})",
     ]
     if gpus is None:
         lines.append("GPU:        none visible (torch.cuda.is_available() is False)")
