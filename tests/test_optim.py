@@ -240,3 +240,17 @@ def test_sparse_grad_is_rejected_before_anything_is_written(gen):
     with pytest.raises(ValueError, match="sparse"):
         opt.step()
     assert all(torch.equal(b, p) for b, p in zip(before, params, strict=True)) and not opt.state
+
+
+def test_200_steps_with_clipping_and_scheduler_equal_torch(gen):
+    """The training check: 200 fp32 steps with global-norm clipping inside the step and a cosine
+    schedule, against torch AdamW + clip_grad_norm_: equal within 1e-5 relative."""
+    model = make_model(gen)
+    twin = copy.deepcopy(model)
+    ours = FusedAdamW(groups(model, weight_decay=0.0), lr=3e-3, max_grad_norm=0.5)
+    ref = torch.optim.AdamW(groups(twin, weight_decay=0.0), lr=3e-3)
+    steps = 200
+    train(model, ours, 8, steps, sched.CosineAnnealingLR(ours, steps))
+    train(twin, ref, 8, steps, sched.CosineAnnealingLR(ref, steps), clip=0.5)
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-5 * float(q.detach().abs().max()))
