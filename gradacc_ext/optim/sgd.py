@@ -62,7 +62,7 @@ class FusedSGD(FusedOptimizer):
         )
 
     def _init_state(self, param: torch.Tensor, state: dict[str, Any]) -> None:
-        state["step"] = new_step(param, 1.0 if "momentum_buffer" in state else 0.0)
+        state["step"] = new_step(param, 1.0 if state.get("momentum_buffer") is not None else 0.0)
 
     def _run_op(self, group, params, grads, steps, masters, kwargs) -> None:
         buffers = []
