@@ -59,7 +59,12 @@ def _extensions():
     cxx = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-math-errno", *define]
     if use_cuda:
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
-        sources += ["csrc/cuda/kernels.cu", "csrc/cuda/register_cuda.cpp"]
+        sources += [
+            "csrc/cuda/kernels.cu",
+            "csrc/cuda/register_cuda.cpp",
+            "csrc/cuda/optim_kernels.cu",
+            "csrc/cuda/register_optim_cuda.cpp",
+        ]
         nvcc = ["-O3", "-std=c++17", "-DGRADACC_WITH_CUDA", *define]
         ext = CUDAExtension(
             "gradacc_ext._C", sources, extra_compile_args={"cxx": cxx + ["-DGRADACC_WITH_CUDA"], "nvcc": nvcc}
