@@ -20,7 +20,8 @@ namespace gradacc {
 
 // Element types the kernels understand. The 16-bit types are plain bit
 // containers so that device code needs neither torch nor cuda_fp16.h.
-// kFloat64 is read only as a one-element scalar (a clip's total_norm), never as a list element.
+// kFloat64 is read as a one-element scalar (a clip's total_norm) and as list elements by the
+// fused optimizer steps (optim_math.cuh).
 enum class DType : int8_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64 = 3 };
 
 struct Half { uint16_t bits; };
