@@ -12,6 +12,7 @@ so every optimizer step uses exactly the learning rate of the plain loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -53,22 +54,32 @@ class OptimizerStepper:
         self.pending: _DeferredFlag | None = None
         self.last_skipped: bool | None = None
 
-    def step(self, found_inf: torch.Tensor) -> None:
-        optimizer = self.optimizer
-        if self.fused:
-            self.resolve()
-            # The buffers are already unscaled: only found_inf, which makes the kernel skip on the device.
-            optimizer.grad_scale, optimizer.found_inf = None, found_inf
-            try:
-                optimizer.step()
-            finally:
-                del optimizer.grad_scale, optimizer.found_inf
+    def step(self, found_inf: torch.Tensor, run: Callable[[torch.Tensor | None], None] | None = None) -> None:
+        """Steps once. run(found_inf or None): a step that skips on the device itself (the fused tail)."""
+        if run is None and self.fused:
+            run = self._torch_fused_step
+        if run is not None:
+            if not self.skip_nonfinite:
+                run(None)
+                self._record(False)
+                return
+            self.resolve()  # the scheduler's deferred step first: run() reads this step's lr
+            run(found_inf)
             self.pending = _DeferredFlag(found_inf)
             return
         skipped = self.skip_nonfinite and bool(found_inf.item())  # the window's one host sync
         if not skipped:
-            optimizer.step()
+            self.optimizer.step()
         self._record(skipped)
+
+    def _torch_fused_step(self, found_inf: torch.Tensor | None) -> None:
+        # The buffers are already unscaled: only found_inf, which makes the kernel skip on the device.
+        optimizer = self.optimizer
+        optimizer.grad_scale, optimizer.found_inf = None, found_inf
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.grad_scale, optimizer.found_inf
 
     def resolve(self) -> None:
         """Reads a deferred fused step's outcome (one host read): counts it, steps the scheduler if real."""

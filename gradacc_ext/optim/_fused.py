@@ -125,8 +125,20 @@ class FusedOptimizer(torch.optim.Optimizer):
         found_inf = None if found_inf is None else found_inf.to(device, torch.float32).reshape(())
         for group, params in work:
             for bucket in self._buckets(params):
-                self._step_bucket(group, bucket, grad_mult, found_inf)
+                self._step_bucket(group, bucket, [p.grad for p in bucket], grad_mult, found_inf)
         return loss
+
+    @torch.no_grad()
+    def step_grads(
+        self, grads: dict[torch.Tensor, torch.Tensor], grad_mult: torch.Tensor | None, found_inf: torch.Tensor | None
+    ) -> None:
+        """One step whose grads are given, not read from .grad (GradientAccumulator's fused tail: its
+        float32 buffers, possibly for 16-bit params): params absent from `grads` are not stepped,
+        `grad_mult` is the whole multiplier (max_grad_norm is not applied: the caller clips)."""
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p in grads]
+            for bucket in self._buckets(params):
+                self._step_bucket(group, bucket, [grads[p] for p in bucket], grad_mult, found_inf)
 
     def _clip(self, work, grad_mult: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
         """Folds min(1, max_norm / (norm + eps)) of the (unscaled) grads into grad_mult."""
@@ -152,8 +164,8 @@ class FusedOptimizer(torch.optim.Optimizer):
             buckets.setdefault((p.device, low), []).append(p)
         return buckets.values()
 
-    def _step_bucket(self, group, params, grad_mult, found_inf) -> None:
-        grads, masters, steps = [], [], []
+    def _step_bucket(self, group, params, grads, grad_mult, found_inf) -> None:
+        masters, steps = [], []
         master_mode = self.param_mode == "master" and params[0].dtype in LOW
         for p in params:
             state = self.state[p]
@@ -161,7 +173,6 @@ class FusedOptimizer(torch.optim.Optimizer):
                 self._init_state(p, state)
             if master_mode and "master_param" not in state:
                 state["master_param"] = p.detach().float()
-            grads.append(p.grad)
             steps.append(state["step"])
             if master_mode:
                 masters.append(state["master_param"])
