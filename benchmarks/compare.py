@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -35,8 +36,8 @@ DEFAULT_WORKLOADS = {
     "cpu": "gpt2-small=0.25,gpt-1.3b=0.125,small-2000",
 }
 DEFAULT_TIMING = {
-    "cuda": TimingConfig(warmup=5, min_reps=30, max_reps=1000, min_time_s=0.5),
-    "cpu": TimingConfig(warmup=2, min_reps=7, max_reps=200, min_time_s=0.5),
+    "cuda": TimingConfig(threshold=0.02, min_time_s=0.5, max_time_s=5.0),
+    "cpu": TimingConfig(threshold=0.05, min_time_s=0.5, max_time_s=3.0),
 }
 
 
@@ -52,11 +53,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ops", default=",".join(OPERATIONS), help="operations (default: %(default)s)")
     p.add_argument("--impls", default=",".join(IMPLS), help="implementations (default: %(default)s)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile (minutes of compiling on a CPU)")
-    p.add_argument("--warmup", type=int, help="warm-up calls per implementation")
-    p.add_argument("--min-reps", type=int, help="timed repeats at least")
-    p.add_argument("--max-reps", type=int, help="timed repeats at most")
-    p.add_argument("--min-time", type=float, help="seconds timed at least per implementation (up to --max-reps)")
-    p.add_argument("--copy-mib", type=int, help="MiB copied by the copy-bandwidth reference")
+    p.add_argument("--threshold", type=float, help="stop timing a cell once its blocks' IQR/median is below this")
+    p.add_argument("--min-time", type=float, help="seconds timed at least per implementation")
+    p.add_argument("--max-time", type=float, help="seconds timed at most per implementation")
+    p.add_argument("--copy-mib", type=int, help="MiB of each roofline stream (default: as large as the input sets)")
     p.add_argument(
         "--compile-max-tensors",
         type=int,
@@ -74,11 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     device = torch.device(args.device)
     base = DEFAULT_TIMING["cuda" if device.type == "cuda" else "cpu"]
-    timing = TimingConfig(
-        warmup=base.warmup if args.warmup is None else args.warmup,
-        min_reps=args.min_reps or base.min_reps,
-        max_reps=args.max_reps or max(base.max_reps, args.min_reps or 0),
+    timing = replace(
+        base,
+        threshold=args.threshold or base.threshold,
         min_time_s=base.min_time_s if args.min_time is None else args.min_time,
+        max_time_s=max(args.max_time or base.max_time_s, args.min_time or 0.0),
+        threads=args.threads,
     )
     impls = [i.strip() for i in args.impls.split(",") if i.strip() and not (args.no_compile and i.strip() == "compile")]
     spec = args.workloads or DEFAULT_WORKLOADS["cuda" if device.type == "cuda" else "cpu"]
@@ -97,8 +98,6 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)  # recorded in the results (meta.threads)
     try:
         config = config_from_args(args)
     except ValueError as exc:

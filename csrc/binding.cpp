@@ -10,42 +10,77 @@ namespace {
 
 std::string device_name(const at::Tensor& t) { return t.device().str(); }
 
+// Names as Python spells them (torch.float64, torch.sparse_coo), so both
+// backends' messages are identical (gradacc_ext/ops/_checks.py prints the
+// Python objects).
+std::string dtype_name(at::ScalarType st) { return "torch." + std::string(c10::getDtypeNames(st).first); }
+
+std::string layout_name(at::Layout layout) {
+  switch (layout) {
+    case at::kStrided: return "torch.strided";
+    case at::kSparse: return "torch.sparse_coo";
+    case at::kSparseCsr: return "torch.sparse_csr";
+    case at::kSparseCsc: return "torch.sparse_csc";
+    case at::kSparseBsr: return "torch.sparse_bsr";
+    case at::kSparseBsc: return "torch.sparse_bsc";
+    case at::kMkldnn: return "torch._mkldnn";
+    case at::kJagged: return "torch.jagged";
+    default: return "layout " + std::to_string(int(layout));
+  }
+}
+
 DType to_dtype(const char* op, const char* arg, int64_t i, const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kFloat: return DType::kFloat32;
     case at::kHalf: return DType::kFloat16;
     case at::kBFloat16: return DType::kBFloat16;
     default:
-      TORCH_CHECK_TYPE(false, op, ": ", arg, "[", i, "] has dtype ", t.scalar_type(),
+      TORCH_CHECK_TYPE(false, op, ": ", arg, "[", i, "] has dtype ", dtype_name(t.scalar_type()),
                        "; expected float32, float16 or bfloat16");
   }
 }
 
-// A tensor the kernels may read or write as flat contiguous storage.
+// Which memory layouts a list accepts. Element-wise ops on one list and the
+// norms may visit a dense tensor (channels_last, any permutation) in storage
+// order; the accumulate ops pair two lists element by element, so theirs
+// must be contiguous.
+enum class Memory { kContiguous, kDense };
+
+// A tensor the kernels may read or write as one flat block of storage.
 // `device` is the list's device: every tensor of every list must be there.
-Span check_list_tensor(const char* op, const char* arg, int64_t i, const at::Tensor& t, const at::Device& device) {
+Span check_list_tensor(const char* op, const char* arg, int64_t i, const at::Tensor& t, const at::Device& device,
+                       Memory memory) {
   TORCH_CHECK_VALUE(t.defined(), op, ": ", arg, "[", i, "] is undefined (None)");
-  TORCH_CHECK_VALUE(t.layout() == at::kStrided, op, ": ", arg, "[", i, "] has layout ", t.layout(),
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, op, ": ", arg, "[", i, "] has layout ", layout_name(t.layout()),
                     "; expected a dense (strided) tensor");
   TORCH_CHECK_VALUE(t.device() == device, op, ": ", arg, "[", i, "] is on ", device_name(t),
                     " but the list is on ", device.str(), "; all tensors must be on one device");
   const DType dtype = to_dtype(op, arg, i, t);
-  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", arg, "[", i, "] is not contiguous (sizes ", t.sizes(),
-                    ", strides ", t.strides(), "); expected a contiguous tensor");
+  if (memory == Memory::kContiguous) {
+    TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", arg, "[", i, "] is not contiguous (sizes ", t.sizes(),
+                      ", strides ", t.strides(), "); expected a contiguous tensor");
+  } else {
+    TORCH_CHECK_VALUE(t.is_non_overlapping_and_dense(), op, ": ", arg, "[", i, "] is not dense (sizes ", t.sizes(),
+                      ", strides ", t.strides(), "); expected a dense non-overlapping tensor, such as a contiguous "
+                      "or channels_last one");
+  }
   return Span{t.data_ptr(), t.numel(), dtype};
 }
 
-std::vector<Span> check_list(const char* op, const char* arg, at::TensorList list, const at::Device& device) {
+std::vector<Span> check_list(const char* op, const char* arg, at::TensorList list, const at::Device& device,
+                             Memory memory = Memory::kContiguous) {
   std::vector<Span> spans;
   spans.reserve(list.size());
-  for (size_t i = 0; i < list.size(); ++i) spans.push_back(check_list_tensor(op, arg, int64_t(i), list[i], device));
+  for (size_t i = 0; i < list.size(); ++i) {
+    spans.push_back(check_list_tensor(op, arg, int64_t(i), list[i], device, memory));
+  }
   return spans;
 }
 
 // A one-element float32 tensor holding a scale, flag or norm on `device`.
 void check_scalar(const char* op, const char* arg, const at::Tensor& t, const at::Device& device) {
   TORCH_CHECK_VALUE(t.defined(), op, ": ", arg, " is undefined (None)");
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, op, ": ", arg, " has dtype ", t.scalar_type(),
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, op, ": ", arg, " has dtype ", dtype_name(t.scalar_type()),
                    "; expected a one-element float32 tensor");
   TORCH_CHECK_VALUE(t.layout() == at::kStrided && t.numel() == 1, op, ": ", arg, " has ", t.numel(),
                     " elements; expected a one-element float32 tensor");
@@ -53,15 +88,38 @@ void check_scalar(const char* op, const char* arg, const at::Tensor& t, const at
                     device.str(), "; expected it on the same device");
 }
 
-NormKind to_norm_kind(const char* op, double norm_type) {
+// The accumulate final step computes its norm beside the found-inf flag,
+// which needs max |x|: only the L2 / inf fast path.
+NormKind to_fast_norm_kind(const char* op, double norm_type) {
   if (norm_type == 2.0) return NormKind::kL2;
   if (std::isinf(norm_type) && norm_type > 0) return NormKind::kInf;
   TORCH_CHECK_VALUE(false, op, ": norm_type must be 2.0 or inf, got ", norm_type);
 }
 
-void check_finite_scalar(const char* op, const char* arg, double v, bool positive) {
+// Any order torch.linalg.vector_norm takes.
+NormKind to_norm_kind(const char* op, double norm_type) {
+  TORCH_CHECK_VALUE(!std::isnan(norm_type), op, ": norm_type must be a number or +-inf, got ", norm_type);
+  if (norm_type == 2.0) return NormKind::kL2;
+  if (std::isinf(norm_type)) return norm_type > 0 ? NormKind::kInf : NormKind::kNegInf;
+  if (norm_type == 0.0) return NormKind::kZero;
+  if (norm_type == 1.0) return NormKind::kOne;
+  return NormKind::kP;
+}
+
+DType to_scalar_dtype(const char* op, const char* arg, const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kDouble: return DType::kFloat64;
+    default:
+      TORCH_CHECK_TYPE(false, op, ": ", arg, " has dtype ", dtype_name(t.scalar_type()),
+                       "; expected a one-element floating-point tensor");
+  }
+}
+
+void check_finite_scalar(const char* op, const char* arg, double v) {
   TORCH_CHECK_VALUE(std::isfinite(v), op, ": ", arg, " must be finite, got ", v);
-  TORCH_CHECK_VALUE(!positive || v > 0, op, ": ", arg, " must be > 0, got ", v);
 }
 
 // The device a list lives on; `fallback` (an output tensor) when it is empty.
@@ -86,10 +144,11 @@ AccumulateParams accumulate_params(const char* op, at::TensorList bufs, at::Tens
     TORCH_CHECK_VALUE(bufs[i].sizes() == grads[i].sizes(), op, ": grads[", i, "] has shape ", grads[i].sizes(),
                       " but bufs[", i, "] has shape ", bufs[i].sizes(), "; expected equal shapes");
     TORCH_CHECK_TYPE(p.bufs[i].dtype == DType::kFloat32 || p.bufs[i].dtype == p.grads[i].dtype, op, ": bufs[", i,
-                     "] has dtype ", bufs[i].scalar_type(), " but grads[", i, "] has dtype ", grads[i].scalar_type(),
+                     "] has dtype ", dtype_name(bufs[i].scalar_type()), " but grads[", i, "] has dtype ",
+                     dtype_name(grads[i].scalar_type()),
                      "; a buffer must be float32 or its grad's dtype");
   }
-  check_finite_scalar(op, "alpha", alpha, false);
+  check_finite_scalar(op, "alpha", alpha);
   if (alpha_tensor) {
     check_scalar(op, "alpha_tensor", *alpha_tensor, device);
     p.alpha_ptr = alpha_tensor->data_ptr<float>();
@@ -114,14 +173,15 @@ AccumulateParams accumulate_final_params(const char* op, at::TensorList bufs, at
   p.final_step = true;
   p.found_inf = found_inf.data_ptr<float>();
   p.norm_out = norm_out.data_ptr<float>();
-  p.norm_kind = to_norm_kind(op, norm_type);
+  p.norm_kind = to_fast_norm_kind(op, norm_type);
   return p;
 }
 
 NormParams norm_params(const char* op, at::TensorList tensors, double norm_type) {
   NormParams p;
-  p.tensors = check_list(op, "tensors", tensors, list_device(tensors, nullptr));
+  p.tensors = check_list(op, "tensors", tensors, list_device(tensors, nullptr), Memory::kDense);
   p.norm_kind = to_norm_kind(op, norm_type);
+  p.p = norm_type;
   return p;
 }
 
@@ -151,12 +211,20 @@ ScaleParams clip_norm_params(const char* op, at::TensorList tensors, const at::T
                              double eps) {
   const at::Device device = list_device(tensors, &total_norm);
   ScaleParams p;
-  p.tensors = check_list(op, "tensors", tensors, device);
-  check_scalar(op, "total_norm", total_norm, device);
-  check_finite_scalar(op, "max_norm", max_norm, true);
+  p.tensors = check_list(op, "tensors", tensors, device, Memory::kDense);
+  // total_norm: one element of any float dtype (torch's get_total_norm returns the grads' dtype).
+  TORCH_CHECK_VALUE(total_norm.defined(), op, ": total_norm is undefined (None)");
+  const DType norm_dtype = to_scalar_dtype(op, "total_norm", total_norm);
+  TORCH_CHECK_VALUE(total_norm.layout() == at::kStrided && total_norm.numel() == 1, op, ": total_norm has ",
+                    total_norm.numel(), " elements; expected a one-element floating-point tensor");
+  TORCH_CHECK_VALUE(total_norm.device() == device, op, ": total_norm is on ", device_name(total_norm),
+                    " but the tensors are on ", device.str(), "; expected it on the same device");
+  // inf measures without clipping, 0 zeroes the tensors: torch's semantics.
+  TORCH_CHECK_VALUE(max_norm >= 0, op, ": max_norm must be >= 0 (inf allowed), got ", max_norm);
   TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
   p.mode = ScaleMode::kClipNorm;
-  p.norm_ptr = total_norm.data_ptr<float>();
+  p.norm_ptr = total_norm.data_ptr();
+  p.norm_dtype = norm_dtype;
   p.max_norm = float(max_norm);
   p.eps = float(eps);
   return p;
@@ -164,8 +232,9 @@ ScaleParams clip_norm_params(const char* op, at::TensorList tensors, const at::T
 
 ScaleParams clip_value_params(const char* op, at::TensorList tensors, double clip_value) {
   ScaleParams p;
-  p.tensors = check_list(op, "tensors", tensors, list_device(tensors, nullptr));
-  check_finite_scalar(op, "clip_value", clip_value, true);
+  p.tensors = check_list(op, "tensors", tensors, list_device(tensors, nullptr), Memory::kDense);
+  // 0 zeroes, inf keeps, a negative value sets every element to it: torch.clamp's semantics.
+  TORCH_CHECK_VALUE(!std::isnan(clip_value), op, ": clip_value must not be NaN, got ", clip_value);
   p.mode = ScaleMode::kClipValue;
   p.clip_value = float(clip_value);
   return p;

@@ -9,7 +9,9 @@
 # ($GRADACC_TORCH, default torch==2.13.0, the CPU build), then
 # `pip install --no-build-isolation -e .[test,plot]`, which builds the
 # extension against that torch (CUDA kernels too when torch is a CUDA build
-# and nvcc is found). Re-running reuses the environment.
+# and nvcc is found). Re-running reuses the environment, and skips the install
+# while scripts/build_stamp.py's fingerprint (C++ sources, build files, torch,
+# switches, the built library) matches the one stored after the last install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,14 +28,21 @@ if [ ! -x "$py" ]; then
   echo "== creating virtual environment $venv"
   python3 -m venv "$venv"
 fi
-# The stock pip 23.2 cannot do editable installs with setuptools >= 80.
-"$py" -m pip install -q --upgrade pip setuptools wheel ninja
-if ! "$py" -c "import torch" 2>/dev/null; then
-  echo "== installing $torch_spec"
-  "$py" -m pip install -q "$torch_spec"
+stamp_file="$venv/.gradacc-build-stamp"
+if [ -f "$stamp_file" ] && [ "$("$py" scripts/build_stamp.py)" = "$(cat "$stamp_file")" ]; then
+  echo "== gradacc_ext is up to date in $venv (nothing to rebuild)"
+else
+  rm -f "$stamp_file"  # an interrupted install must not look finished
+  # The stock pip 23.2 cannot do editable installs with setuptools >= 80.
+  "$py" -m pip install -q --upgrade pip setuptools wheel ninja
+  if ! "$py" -c "import torch" 2>/dev/null; then
+    echo "== installing $torch_spec"
+    "$py" -m pip install -q "$torch_spec"
+  fi
+  echo "== building gradacc_ext against $("$py" -c 'import torch; print("torch", torch.__version__)')"
+  "$py" -m pip install -q --no-build-isolation -e ".[test,plot,dev]"
+  "$py" scripts/build_stamp.py >"$stamp_file"
 fi
-echo "== building gradacc_ext against $("$py" -c 'import torch; print("torch", torch.__version__)')"
-"$py" -m pip install -q --no-build-isolation -e ".[test,plot,dev]"
 
 if [ "$mode" = demo ]; then
   exec "$venv/bin/gradacc" demo "$@"

@@ -126,13 +126,13 @@ def test_fused_adamw_path_matches_and_defers_scheduler(fused):
     opt = make_optimizer("adamw", model.parameters(), fused=fused)
     sched = make_scheduler(opt)
     acc = GradientAccumulator(model, opt, GradientAccumulationConfig(accumulation_steps=n, max_grad_norm=0.2), sched)
-    assert acc._fused_step is fused
+    assert acc._stepper.fused is fused
     for i, batch in enumerate(batches):
         with acc.micro_step():
             acc.backward(mse(model, batch))
         if fused and i == 1:
             # The first window's outcome is not read yet: the scheduler waits for the next step or a read.
-            assert acc._pending is not None and sched.last_epoch == 0
+            assert acc._stepper.pending is not None and sched.last_epoch == 0
     acc.flush()
     ref_opt = make_optimizer("adamw", ref.parameters())
     ref_sched = make_scheduler(ref_opt)
@@ -239,10 +239,7 @@ def test_bf16_params_accumulate_in_fp32_buffers():
     acc = GradientAccumulator(
         model, torch.optim.SGD(model.parameters(), lr=0.1), GradientAccumulationConfig(accumulation_steps=n)
     )
-    assert set(acc._buffers.flats) == {torch.float32}
-    flat = acc._buffers.flats[torch.float32]
-    assert flat.numel() == sum(p.numel() for p in model.parameters())
-    assert all(v.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr() for v in acc._buffers.views)
+    assert acc._buffers.dtypes == [torch.float32]
     # The optimizer must see exactly fp32_sum(grads)/n rounded once to bf16: capture it with a step hook.
     seen = []
     acc.optimizer.register_step_pre_hook(lambda opt, *_: seen.append([p.grad.clone() for p in model.parameters()]))
@@ -259,6 +256,8 @@ def test_bf16_params_accumulate_in_fp32_buffers():
             with acc.micro_step():
                 acc.backward(F.mse_loss(model(x.bfloat16()).float(), y))
         expected.append([(s / n).to(torch.bfloat16) for s in sums])
+    flat = acc._buffers.flats[torch.float32]
+    assert all(v.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr() for v in acc._buffers.views)
     for got, want in zip(seen, expected, strict=True):
         for g, w in zip(got, want, strict=True):
             assert g.dtype == torch.bfloat16
@@ -272,7 +271,7 @@ def test_bf16_params_without_fp32_buffers_keep_param_dtype():
         torch.optim.SGD(model.parameters(), lr=0.1),
         GradientAccumulationConfig(accumulation_steps=2, accum_dtype=None),
     )
-    assert set(acc._buffers.flats) == {torch.bfloat16}
+    assert acc._buffers.dtypes == [torch.bfloat16]
     accumulator_run(acc, [(x.bfloat16(), y.bfloat16()) for x, y in make_batches(4, 3, torch.float32, 3)])
     assert acc.optimizer_steps == 2
 

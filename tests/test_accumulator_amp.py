@@ -164,6 +164,7 @@ def test_resume_restores_loss_scale():
     accumulator_run(acc, make_batches(3, 2, torch.float32, 1)[:2])
     assert acc.loss_scale() == 32.0
     state = acc.state_dict()
+    acc.close()
     fresh = GradientAccumulator(model, make_optimizer("sgd", model.parameters()), config)
     fresh.load_state_dict(state)
     assert fresh.loss_scale() == 32.0 and fresh.skipped_steps == 1
@@ -175,11 +176,13 @@ def test_load_state_dict_rejects_mismatches():
         model, make_optimizer("sgd", model.parameters()), GradientAccumulationConfig(accumulation_steps=2)
     )
     state = acc.state_dict()
+    acc.close()
     other = GradientAccumulator(
         model, make_optimizer("sgd", model.parameters()), GradientAccumulationConfig(accumulation_steps=3)
     )
     with pytest.raises(ValueError, match="accumulation_steps=2"):
         other.load_state_dict(state)
+    other.close()
     small = make_model(torch.float32, 2)[:1]
     with pytest.raises(ValueError, match="do not match"):
         GradientAccumulator(
@@ -214,18 +217,18 @@ def test_misuse_errors():
     with pytest.raises(RuntimeError, match="inside micro_step"):
         with acc.micro_step():
             acc.flush()
-    with pytest.raises(ValueError, match="num_items is required"):
-        GradientAccumulator(
-            model, opt, GradientAccumulationConfig(accumulation_steps=2, loss_normalization="sum")
-        ).backward(mse(model, batch))
-    mixed = GradientAccumulator(model, opt, GradientAccumulationConfig(accumulation_steps=3))
-    mixed.backward(mse(model, batch))
-    with pytest.raises(ValueError, match="every micro-batch of a window or for none"):
-        mixed.backward(mse(model, batch), num_items=2)
-    with pytest.raises(ValueError, match="num_items must be an int >= 0"):
-        GradientAccumulator(model, opt, GradientAccumulationConfig(accumulation_steps=2)).backward(
-            mse(model, batch), num_items=-1
-        )
+    acc.close()
+    sums = GradientAccumulationConfig(accumulation_steps=2, loss_normalization="sum")
+    with GradientAccumulator(model, opt, sums) as a:
+        with pytest.raises(ValueError, match="num_items is required"):
+            a.backward(mse(model, batch))
+    with GradientAccumulator(model, opt, GradientAccumulationConfig(accumulation_steps=3)) as mixed:
+        mixed.backward(mse(model, batch))
+        with pytest.raises(ValueError, match="every micro-batch of a window or for none"):
+            mixed.backward(mse(model, batch), num_items=2)
+    with GradientAccumulator(model, opt, GradientAccumulationConfig(accumulation_steps=2)) as a:
+        with pytest.raises(ValueError, match="num_items must be an int >= 0"):
+            a.backward(mse(model, batch), num_items=-1)
 
 
 def test_double_flush_and_failed_micro_step_leave_state_clean():

@@ -26,9 +26,8 @@ from gradacc_ext.benchmarking.workloads import (
 
 # Odd sizes, one tensor across a 65,536-element chunk boundary.
 TINY = Workload("tiny", "test set", ((3, 5), (7,), (1,), (65537,), (33, 17)), 1.0)
-FAST_TIMING = timing.TimingConfig(warmup=1, min_reps=2, max_reps=3, min_time_s=0.0)
+FAST_TIMING = timing.TimingConfig(threshold=0.5, min_time_s=0.0, max_time_s=0.01)
 NON_COMPILED = ("gradacc", "eager", "reference")
-COPY_REF = timing.CopyReference(torch.device("cpu"), 1 << 20)
 
 
 def gpt_numel(vocab: int, ctx: int, d: int, layers: int) -> int:
@@ -126,23 +125,6 @@ def test_sets_needed_exceed_the_cache() -> None:
     assert timing.sets_needed(1, cpu) == timing.MAX_SETS
 
 
-def test_time_interleaved_counts_and_rotates() -> None:
-    calls: dict[str, list[int]] = {"a": [], "b": []}
-    cfg = timing.TimingConfig(warmup=2, min_reps=4, max_reps=6, min_time_s=0.0)
-    out = timing.time_interleaved({k: calls[k].append for k in calls}, torch.device("cpu"), cfg)
-    assert {k: len(v) for k, v in out.items()} == {"a": 4, "b": 4}
-    assert calls["a"] == calls["b"] == list(range(6))  # 2 warm-up + 4 timed, indices rotate the sets
-    capped = timing.time_interleaved({"a": lambda i: None}, torch.device("cpu"), timing.TimingConfig(0, 1, 3, 1e9))
-    assert len(capped["a"]) == 3
-    with pytest.raises(ValueError, match="timing config"):
-        timing.TimingConfig(warmup=0, min_reps=5, max_reps=2)
-
-
-def test_summarize_median() -> None:
-    stats = timing.summarize([3.0, 1.0, 2.0, 10.0, 4.0])
-    assert stats["median_s"] == 3.0 and stats["reps"] == 5 and stats["p10_s"] <= 3.0 <= stats["p90_s"]
-
-
 # ---- verification --------------------------------------------------------------------------
 
 
@@ -206,7 +188,13 @@ def test_compiled_norm_matches() -> None:
 # ---- runner, targets and tables ------------------------------------------------------------
 
 
-def test_mismatching_implementation_is_not_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def small_sets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input sets of 4 MiB in all: the cells' logic, without building hundreds of MiB per cell."""
+    monkeypatch.setattr(timing, "rotation_bytes", lambda device: 4 << 20)
+
+
+def test_mismatching_implementation_is_not_timed(monkeypatch: pytest.MonkeyPatch, small_sets: None) -> None:
     real = impls_mod.build_impl
 
     def wrong_eager(name: str, op):
@@ -217,13 +205,13 @@ def test_mismatching_implementation_is_not_timed(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(runner, "build_impl", wrong_eager)
     config = runner.BenchConfig("cpu", [TINY], parse_operations("acc_fp32"), NON_COMPILED, FAST_TIMING, 1 << 20)
-    rows = {r["impl"]: r for r in runner.run_cell(TINY, OPERATIONS["acc_fp32"], config, COPY_REF, lambda _: None)}
+    rows = {r["impl"]: r for r in runner.run_cell(TINY, OPERATIONS["acc_fp32"], config, lambda _: None)}
     assert rows["eager"]["status"].startswith("MISMATCH") and "median_s" not in rows["eager"]
     assert rows["gradacc"]["status"] == "ok" and rows["gradacc"]["median_s"] > 0
-    assert rows["gradacc"]["pct_copy"] == pytest.approx(100 * rows["gradacc"]["gbps"] / rows["gradacc"]["copy_gbps"])
+    assert rows["gradacc"]["gbps"] == pytest.approx(rows["gradacc"]["bytes"] / rows["gradacc"]["median_s"] / 1e9)
 
 
-def test_run_and_write(tmp_path) -> None:
+def test_run_and_write(tmp_path, small_sets: None) -> None:
     config = runner.BenchConfig("cpu", [TINY], parse_operations("acc_bf16,tail"), NON_COMPILED, FAST_TIMING, 1 << 20)
     results = runner.run(config, log=lambda _: None)
     paths = report.write(results, tmp_path)
@@ -237,7 +225,15 @@ def test_run_and_write(tmp_path) -> None:
     text = paths[1].read_text()
     result_rows = [line for line in text.splitlines() if line.startswith(("| tiny | acc_bf16 |", "| tiny | tail |"))]
     assert len(result_rows) == 2 * len(NON_COMPILED)
-    assert all(row.count("|") == 11 for row in result_rows)  # 10 columns each
+    assert all(row.count("|") == 12 for row in result_rows)  # 11 columns each
+    roofline = saved["copy"]["gbps"]
+    samples = saved["copy"]["samples"]
+    assert roofline == max(max(s.values()) for s in samples) and len(samples) == 1 + 2  # start, then after each cell
+    timed = [c for c in saved["cells"] if "median_s" in c]
+    for c in timed:  # a % above 100 would mean the roofline missed the machine's best moment: not shown
+        pct = 100 * c["gbps"] / roofline
+        assert c["pct_copy"] == (pytest.approx(pct) if pct <= 100 else None)
+    assert all(("> roofline" in row) == (c["pct_copy"] is None) for row, c in zip(result_rows, timed, strict=True))
     assert "torch " + torch.__version__ in text and results["meta"]["commit"] in text
 
 
@@ -274,15 +270,15 @@ def test_gpu_targets() -> None:
     assert got["tail: speedup vs eager"] == "n/a (not run)"
 
 
-def test_skipped_cells_are_reported_not_run() -> None:
+def test_skipped_cells_are_reported_not_run(small_sets: None) -> None:
     fake_huge = Workload("fake-huge", "gpu-only stand-in", ((10,),), 1.0, gpu_only=True)
     config = runner.BenchConfig("cpu", [fake_huge], parse_operations("tail_adamw"), NON_COMPILED, FAST_TIMING, 1 << 20)
-    rows = runner.run_cell(fake_huge, OPERATIONS["tail_adamw"], config, COPY_REF, lambda _: None)
+    rows = runner.run_cell(fake_huge, OPERATIONS["tail_adamw"], config, lambda _: None)
     assert all(r["status"].startswith("skipped") and "median_s" not in r for r in rows)
-    rows = runner.run_cell(fake_huge, OPERATIONS["norm"], config, COPY_REF, lambda _: None)
+    rows = runner.run_cell(fake_huge, OPERATIONS["norm"], config, lambda _: None)
     status = {r["impl"]: r["status"].split(":")[0] for r in rows}
     assert status == {"gradacc": "ok", "eager": "skipped", "reference": "ok"}
     limited = runner.BenchConfig("cpu", [TINY], parse_operations("norm"), ("gradacc", "compile"), FAST_TIMING, 1 << 20,
                                  compile_max_tensors=TINY.num_tensors - 1)  # fmt: skip
-    rows = {r["impl"]: r for r in runner.run_cell(TINY, OPERATIONS["norm"], limited, COPY_REF, lambda _: None)}
+    rows = {r["impl"]: r for r in runner.run_cell(TINY, OPERATIONS["norm"], limited, lambda _: None)}
     assert rows["compile"]["status"].startswith("skipped: compile") and rows["gradacc"]["median_s"] > 0

@@ -93,13 +93,23 @@ def check_mode(rank: int, mode: str) -> None:
     model = torch.nn.parallel.DistributedDataParallel(make_model(DTYPE, SEED))
     opt = torch.optim.AdamW(model.parameters(), lr=0.03, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
-    config = GradientAccumulationConfig(accumulation_steps=N, max_grad_norm=0.5, loss_normalization=mode)
+    # A 64-byte bucket: gradients are folded into the buffers while each backward runs.
+    config = GradientAccumulationConfig(
+        accumulation_steps=N, max_grad_norm=0.5, loss_normalization=mode, bucket_size_bytes=64
+    )
     acc = GradientAccumulator(model, opt, config, sched)
-    for batch in global_batches(mode):
-        with acc.micro_step():
-            loss, items = loss_and_items(model, shard(batch, rank), mode)
-            acc.backward(loss, num_items=items)
-    acc.flush()
+    reductions, all_reduce = [], dist.all_reduce
+    dist.all_reduce = lambda tensor, *a, **k: (reductions.append(tensor.numel()), all_reduce(tensor, *a, **k))[1]
+    try:
+        for batch in global_batches(mode):
+            with acc.micro_step():
+                loss, items = loss_and_items(model, shard(batch, rank), mode)
+                acc.backward(loss, num_items=items)
+        acc.flush()
+    finally:
+        dist.all_reduce = all_reduce
+    # One reduction of the buffers and one of the item count per window (3 windows), none per micro-step.
+    assert reductions == [acc._buffers.sizes[DTYPE], 1] * 3
     ref = reference(mode)
     for p, q in zip(model.module.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)

@@ -8,10 +8,11 @@ import re
 import pytest
 import torch
 
-from gradacc_ext.accumulate.accumulator import GradientAccumulator
+from gradacc_ext.accumulate.window_end import WindowEnd
 from gradacc_ext.cli import demo_plot, main
+from gradacc_ext.cli.demo import BF16_CPU_HINT
 from gradacc_ext.cli.demo_data import PAD, TaskConfig, make_batch
-from gradacc_ext.cli.progress import Progress
+from gradacc_ext.cli.demo_train import progress_bar
 
 TINY = ("--d-model", "16", "--n-layers", "1", "--max-len", "16", "--timing-steps", "1", "--check-steps", "2")
 
@@ -74,8 +75,8 @@ def test_demo_detects_wrong_normalisation(capsys):
 def test_demo_detects_a_wrong_normaliser_inside_the_accumulator(capsys, monkeypatch):
     # A library bug rather than a user one: the window's normaliser counts one
     # token too many. Clipping is off so nothing rescales the gradient back.
-    real = GradientAccumulator._inv_scale
-    monkeypatch.setattr(GradientAccumulator, "_inv_scale", lambda self, count: real(self, count + 1))
+    real = WindowEnd._inv_scale
+    monkeypatch.setattr(WindowEnd, "_inv_scale", lambda self, count: real(self, count + 1))
     code, out = run_demo(
         capsys, "--batch-size", "2", "--grad-accum-steps", "3", "--steps", "1", "--no-plot", "--max-grad-norm", "0"
     )
@@ -144,35 +145,22 @@ class FakeTTY(io.StringIO):
         return True
 
 
-def test_progress_prints_plain_lines_when_not_a_tty():
-    stream = io.StringIO()
-    calls = []
-    progress = Progress(50, stream=stream, every=10)
-
-    def status() -> str:
-        calls.append(1)
-        return "loss 1.0"
-
-    for done in range(1, 51):
-        progress.update(done, status)
-    lines = stream.getvalue().splitlines()
-    assert "\r" not in stream.getvalue()
-    assert len(lines) == 11 and len(calls) == 11  # 2% (first), then each 10%; status read only when printed
-    assert lines[-1].startswith("[" + "#" * 30 + "] 50/50 100%") and lines[-1].endswith("loss 1.0")
+@pytest.mark.parametrize(("stream", "interval", "ascii_only"), [(io.StringIO(), 5.0, True), (FakeTTY(), 0.2, False)])
+def test_progress_bar_is_tqdm_redrawn_often_only_on_a_terminal(stream, interval, ascii_only):
+    with progress_bar(7, stream) as bar:
+        for _ in range(7):
+            bar.update(1)
+    assert bar.mininterval == interval and bool(bar.ascii) is ascii_only
+    assert "7/7" in stream.getvalue() and "100%" in stream.getvalue()
 
 
-def test_progress_redraws_one_line_on_a_tty():
-    stream = FakeTTY()
-    progress = Progress(4, stream=stream)
-    for done in range(1, 5):
-        progress.update(done, "x" * (5 - done))  # shrinking status: the padding must clear the tail
-    text = stream.getvalue()
-    assert text.count("\r") == 4 and text.endswith("\n") and text.count("\n") == 1
-    screen = ""
-    for frame in text.rstrip("\n").split("\r")[1:]:  # a terminal overwrites from column 0 on each \r
-        screen = frame + screen[len(frame) :]
-    assert "4/4 100%" in screen and screen.rstrip().endswith(" x")
-    assert "xx" not in screen  # no residue of the longer earlier statuses
+def test_demo_bf16_on_cpu_says_once_that_it_is_slow(capsys):
+    code, out = run_demo(capsys, "--batch-size", "2", "--grad-accum-steps", "2", "--steps", "2", "--amp", "bf16",
+                         "--no-plot")  # fmt: skip
+    assert code == 0, out
+    assert out.count(BF16_CPU_HINT) == 1
+    code, out = run_demo(capsys, "--batch-size", "2", "--grad-accum-steps", "2", "--steps", "1", "--no-plot")
+    assert code == 0 and BF16_CPU_HINT not in out
 
 
 def test_moving_average_is_a_trailing_mean():

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 import pytest
 import torch
 from _oracle import assert_bits_unchanged, snapshot
+from conftest import require_ext
 
 import gradacc_ext
 
@@ -91,9 +92,14 @@ BAD_LIST_TENSORS: dict[str, tuple[Callable[[Inputs], torch.Tensor], type[Excepti
     "complex64": (lambda a: torch.randn(4, 3, dtype=torch.complex64, device=a.device), TypeError, "dtype"),
     "float64": (lambda a: torch.randn(4, 3, dtype=torch.float64, device=a.device), TypeError, "dtype"),
     "sparse": (lambda a: torch.randn(4, 3, device=a.device).to_sparse(), ValueError, "layout"),
-    "transposed": (lambda a: torch.randn(3, 4, device=a.device).t(), ValueError, "not contiguous"),
+    # every-other column: neither contiguous nor dense, so no op may read it as one block
+    "strided": (lambda a: torch.randn(4, 6, device=a.device)[:, ::2], ValueError, "not (contiguous|dense)"),
     "other_device": (lambda a: torch.randn(4, 3, device=a.other), ValueError, "is on"),
+    "None": (lambda a: None, ValueError, r"undefined \(None\)"),
 }
+# A transposed (dense, permuted) tensor is read in storage order by the single-list ops and the norms;
+# the accumulate ops pair two lists element by element and unscale_ keeps the contiguous rule.
+CONTIGUOUS_ONLY = ("accumulate_", "accumulate_final_", "unscale_")
 LIST_ARGS = [
     ("accumulate_", "bufs"),
     ("accumulate_", "grads"),
@@ -117,6 +123,9 @@ def replace_item(arg: str, make: Callable[[Inputs], torch.Tensor]) -> Break:
 for _op, _arg in LIST_ARGS:
     for _bad, (_make, _exc, _what) in BAD_LIST_TENSORS.items():
         case(_op, f"{_arg}[1]-{_bad}", replace_item(_arg, _make), _exc, rf"{_arg}\[1\].*{_what}")
+    if _op in CONTIGUOUS_ONLY:
+        _transposed = replace_item(_arg, lambda a: torch.randn(3, 4, device=a.device).t())
+        case(_op, f"{_arg}[1]-transposed", _transposed, ValueError, rf"{_arg}\[1\].*not contiguous")
 
 # A scale, flag or norm tensor that is not a one-element float32 tensor on the lists' device.
 BAD_SCALARS: dict[str, tuple[Callable[[Inputs], torch.Tensor], type[Exception], str]] = {
@@ -139,7 +148,11 @@ SCALAR_ARGS = [
 ]
 for _op, _field, _msg in SCALAR_ARGS:
     for _bad, (_make, _exc, _what) in BAD_SCALARS.items():
+        if _field == "total_norm" and _bad in ("float64", "float16"):
+            continue  # a clip's total_norm may have any float dtype (torch's get_total_norm returns the grads')
         case(_op, f"{_field}-{_bad}", set_attr(_field, _make), _exc, rf"{_msg}.*{_what}")
+_int_norm = set_attr("total_norm", lambda a: torch.tensor(3, dtype=torch.int32, device=a.device))
+case("clip_by_norm_", "total_norm-int32", _int_norm, TypeError, "total_norm.*dtype.*floating-point")
 
 for _op in ("accumulate_", "accumulate_final_"):
     case(_op, "grads-longer", lambda a: a.grads.append(a.grads[0].clone()), ValueError, "same length")
@@ -162,18 +175,19 @@ for _op in ("accumulate_", "accumulate_final_"):
     for _alpha in (math.nan, math.inf, -math.inf):
         case(_op, f"alpha-{_alpha}", set_attr("scale", lambda a, v=_alpha: v), ValueError, "alpha must be finite")
 
-for _op in ("accumulate_final_", "global_norm", "clip_grad_norm_"):
-    for _nt in (1.0, 3.0, 0.0, -math.inf, math.nan):
-        case(_op, f"norm_type-{_nt}", set_attr("norm_type", lambda a, v=_nt: v), ValueError, "norm_type")
+# The final step's norm rides beside its found-inf flag: L2 or inf only. The norms take any order but NaN.
+for _nt in (1.0, 3.0, 0.0, -math.inf, math.nan):
+    case("accumulate_final_", f"norm_type-{_nt}", set_attr("norm_type", lambda a, v=_nt: v), ValueError, "norm_type")
+for _op in ("global_norm", "clip_grad_norm_"):
+    case(_op, "norm_type-nan", set_attr("norm_type", lambda a: math.nan), ValueError, "norm_type must be a number")
 
 for _op in ("clip_by_norm_", "clip_grad_norm_"):
-    for _v in (0.0, -1.0, math.nan, math.inf):
-        case(_op, f"max_norm-{_v}", set_attr("max_norm", lambda a, v=_v: v), ValueError, "max_norm")
+    for _v in (-1.0, -math.inf, math.nan):  # 0 and inf are torch's "zero the grads" and "measure only"
+        case(_op, f"max_norm-{_v}", set_attr("max_norm", lambda a, v=_v: v), ValueError, "max_norm must be >= 0")
     for _v in (-1e-6, math.nan, math.inf):
         case(_op, f"eps-{_v}", set_attr("eps", lambda a, v=_v: v), ValueError, "eps")
 
-for _v in (0.0, -1.0, math.nan, math.inf):
-    case("clip_by_value_", f"clip_value-{_v}", set_attr("clip_value", lambda a, v=_v: v), ValueError, "clip_value")
+case("clip_by_value_", "clip_value-nan", set_attr("clip_value", lambda a: math.nan), ValueError, "clip_value")
 
 
 @pytest.mark.parametrize(("op", "brk", "exc", "match"), CASES)
@@ -185,6 +199,21 @@ def test_bad_input_is_rejected_and_nothing_is_written(device, backend, gen, op, 
     with pytest.raises(exc, match=match):
         OPS[op](inputs, backend)
     assert_bits_unchanged(before, watched, "input tensors")
+
+
+@pytest.mark.parametrize(("op", "brk", "exc", "match"), CASES)
+def test_both_backends_raise_the_same_type_and_message(device, gen, op, brk, exc, match):
+    """The error contract: for every bad input, the compiled and the pure-PyTorch backends raise the same
+    exception type with the same message, word for word (dtype and layout names included)."""
+    require_ext(device)
+    raised = []
+    for backend in ("ext", "torch"):
+        inputs = Inputs.make(device, torch.Generator().manual_seed(0))
+        brk(inputs)
+        with pytest.raises(exc, match=match) as info:
+            OPS[op](inputs, backend)
+        raised.append((type(info.value), str(info.value)))
+    assert raised[0] == raised[1]
 
 
 @pytest.mark.parametrize("op", list(OPS))

@@ -39,6 +39,24 @@ NormAcc reduce_norm(const T* __restrict x, int64_t n) {
   return total;
 }
 
+// Any other norm kind, in kLanes accumulators like the fast path: a chunk's
+// sum then rounds like kLanes short sums (sqrt(n / kLanes) growth), not one
+// long one; the lanes merge in a fixed order (deterministic).
+template <typename T>
+NormAcc reduce_norm(const T* __restrict x, int64_t n, NormKind kind, double p) {
+  if (kind == NormKind::kL2 || kind == NormKind::kInf) return reduce_norm(x, n);
+  NormAcc lanes[kLanes];
+  for (auto& lane : lanes) lane = norm_acc_init(kind);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lanes[l] = norm_acc_add(lanes[l], Elem<T>::load(x[i + l]), kind, p);
+  }
+  NormAcc total = norm_acc_init(kind);
+  for (; i < n; ++i) total = norm_acc_add(total, Elem<T>::load(x[i]), kind, p);
+  for (const auto& lane : lanes) total = norm_acc_merge(total, lane, kind);
+  return total;
+}
+
 // Runs `chunk_fn(chunk_index, chunk_ref)` over every chunk of `spans` in parallel.
 template <typename SpanVec, typename F>
 void for_each_chunk(const SpanVec& spans, const std::vector<ChunkRef>& chunks, F&& chunk_fn) {
@@ -72,14 +90,16 @@ NormAcc accumulate_final_chunk(B* buf, const G* grad, int64_t n, float alpha, bo
 
 // Merges per-chunk partials into the total and, optionally, per-tensor norms.
 void finish_norm(const std::vector<ChunkRef>& chunks, const std::vector<NormAcc>& partials,
-                 size_t num_tensors, NormKind kind, float* total_out, float* per_tensor_out) {
-  NormAcc total = norm_acc_init();
-  for (const auto& part : partials) total = norm_acc_merge(total, part);
-  *total_out = norm_acc_result(total, kind);
-  if (per_tensor_out == nullptr) return;
-  std::vector<NormAcc> per(num_tensors, norm_acc_init());
-  for (size_t c = 0; c < chunks.size(); ++c) per[chunks[c].tensor] = norm_acc_merge(per[chunks[c].tensor], partials[c]);
-  for (size_t t = 0; t < num_tensors; ++t) per_tensor_out[t] = norm_acc_result(per[t], kind);
+                 const NormParams& p) {
+  NormAcc total = norm_acc_init(p.norm_kind);
+  for (const auto& part : partials) total = norm_acc_merge(total, part, p.norm_kind);
+  *p.total_out = norm_acc_result(total, p.norm_kind, p.p);
+  if (p.per_tensor_out == nullptr) return;
+  std::vector<NormAcc> per(p.tensors.size(), norm_acc_init(p.norm_kind));
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    per[chunks[c].tensor] = norm_acc_merge(per[chunks[c].tensor], partials[c], p.norm_kind);
+  }
+  for (size_t t = 0; t < per.size(); ++t) p.per_tensor_out[t] = norm_acc_result(per[t], p.norm_kind, p.p);
 }
 
 }  // namespace
@@ -123,17 +143,17 @@ void norm(const NormParams& p) {
     const int64_t n = std::min(kChunkElems, s.numel - ref.first_elem);
     dispatch_dtype(s.dtype, [&](auto tag) {
       using T = decltype(tag);
-      partials[c] = reduce_norm(static_cast<const T*>(s.data) + ref.first_elem, n);
+      partials[c] = reduce_norm(static_cast<const T*>(s.data) + ref.first_elem, n, p.norm_kind, p.p);
     });
   });
-  finish_norm(chunks, partials, p.tensors.size(), p.norm_kind, p.total_out, p.per_tensor_out);
+  finish_norm(chunks, partials, p);
 }
 
 void scale(const ScaleParams& p) {
   float factor = 1.0f;
   if (p.mode == ScaleMode::kUnscale) factor = *p.inv_scale_ptr;
   if (p.mode == ScaleMode::kClipNorm) {
-    factor = clip_coefficient(*p.norm_ptr, p.max_norm, p.eps);
+    factor = clip_coefficient(load_scalar(p.norm_ptr, p.norm_dtype), p.max_norm, p.eps);
     if (factor >= 1.0f) return;  // nothing to clip: leave memory untouched
   }
   const auto chunks = list_chunks(p.tensors);

@@ -30,11 +30,11 @@ NormWorkspace norm_workspace(void* workspace, int64_t chunks) {
 }
 
 // Pass 2 of the norm: the total, and `num_per_tensor` per-tensor norms.
-cudaError_t launch_finalize(const NormWorkspace& ws, int64_t chunks, NormKind kind, float* total_out,
+cudaError_t launch_finalize(const NormWorkspace& ws, int64_t chunks, NormKind kind, double p, float* total_out,
                             float* per_tensor_out, size_t num_per_tensor, cudaStream_t stream) {
   if (num_per_tensor >= size_t(INT32_MAX)) return cudaErrorInvalidValue;
   norm_finalize_kernel<<<unsigned(1 + num_per_tensor), kBlockThreads, 0, stream>>>(
-      ws.partials, ws.chunk_tensor, chunks, kind, total_out, per_tensor_out);
+      ws.partials, ws.chunk_tensor, chunks, kind, p, total_out, per_tensor_out);
   return cudaGetLastError();
 }
 
@@ -53,7 +53,7 @@ cudaError_t launch_accumulate(const AccumulateParams& p, void* workspace, cudaSt
   });
   if (err != cudaSuccess || !p.final_step) return err;
   // The final step's norm only needs the total: no chunk -> tensor map.
-  return launch_finalize(NormWorkspace{args.partials, nullptr}, total_chunks(p.bufs), p.norm_kind, p.norm_out,
+  return launch_finalize(NormWorkspace{args.partials, nullptr}, total_chunks(p.bufs), p.norm_kind, 2.0, p.norm_out,
                          nullptr, 0, stream);
 }
 
@@ -64,17 +64,19 @@ size_t norm_workspace_bytes(const NormParams& p) {
 cudaError_t launch_norm(const NormParams& p, void* workspace, cudaStream_t stream) {
   const int64_t chunks = total_chunks(p.tensors);
   const NormWorkspace ws = norm_workspace(workspace, chunks);
-  const NormArgs args{ws.partials, ws.chunk_tensor};
+  const NormArgs args{ws.partials, ws.chunk_tensor, p.p, p.norm_kind};
+  const bool fast = p.norm_kind == NormKind::kL2 || p.norm_kind == NormKind::kInf;
+  const auto kernel = fast ? norm_kernel<true> : norm_kernel<false>;
   const cudaError_t err = for_each_batch<1>({&p.tensors}, [&](const ListMeta<1>& meta, unsigned blocks) {
-    norm_kernel<<<blocks, kBlockThreads, 0, stream>>>(meta, args);
+    kernel<<<blocks, kBlockThreads, 0, stream>>>(meta, args);
   });
   if (err != cudaSuccess) return err;
-  return launch_finalize(ws, chunks, p.norm_kind, p.total_out, p.per_tensor_out,
+  return launch_finalize(ws, chunks, p.norm_kind, p.p, p.total_out, p.per_tensor_out,
                          p.per_tensor_out ? p.tensors.size() : 0, stream);
 }
 
 cudaError_t launch_scale(const ScaleParams& p, cudaStream_t stream) {
-  const ScaleArgs args{p.inv_scale_ptr, p.found_inf, p.norm_ptr, p.max_norm, p.eps, p.clip_value};
+  const ScaleArgs args{p.inv_scale_ptr, p.found_inf, p.norm_ptr, p.max_norm, p.eps, p.clip_value, p.norm_dtype};
   const auto kernel = p.mode == ScaleMode::kUnscale    ? scale_kernel<ScaleMode::kUnscale>
                       : p.mode == ScaleMode::kClipNorm ? scale_kernel<ScaleMode::kClipNorm>
                                                        : scale_kernel<ScaleMode::kClipValue>;

@@ -20,13 +20,17 @@ namespace gradacc {
 
 // Element types the kernels understand. The 16-bit types are plain bit
 // containers so that device code needs neither torch nor cuda_fp16.h.
-// kFloat64 is used only by the fused optimizer steps (optim_math.cuh).
+// kFloat64: list elements of the fused optimizer steps (optim_math.cuh) and
+// one-element scalars elsewhere (a clip's total_norm).
 enum class DType : int8_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64 = 3 };
 
 struct Half { uint16_t bits; };
 struct BFloat16 { uint16_t bits; };
 
-enum class NormKind : int8_t { kL2 = 0, kInf = 1 };
+// The vector norms of torch.linalg.vector_norm. kL2 and kInf share the fast
+// path (sum of squares and max |x| in one pass); 0, 1 and -inf are exact
+// special cases; kP is any other p, through pow.
+enum class NormKind : int8_t { kL2 = 0, kInf = 1, kNegInf = 2, kZero = 3, kOne = 4, kP = 5 };
 
 GRADACC_HD uint32_t float_bits(float f) {
 #if defined(__CUDA_ARCH__)
@@ -167,32 +171,86 @@ GRADACC_HD float clip_coefficient(float norm, float max_norm, float eps) {
   return (coef < 1.0f || is_nan(coef)) ? coef : 1.0f;
 }
 
-// clamp to [-v, v]; NaN stays NaN.
-GRADACC_HD float clip_value(float x, float v) { return x > v ? v : (x < -v ? -v : x); }
+// torch.clamp(x, -v, v): max with -v, then min with v, so a negative v (an
+// empty range) gives v everywhere, as torch does; NaN stays NaN.
+GRADACC_HD float clip_value(float x, float v) {
+  const float lo = x < -v ? -v : x;
+  return lo > v ? v : lo;
+}
 
-// Running statistics for the global norm: sum of squares and max |x|.
+// Running statistics for the global norm. For kL2/kInf: sum of squares and
+// max |x|. For the other kinds `sumsq` is the sum of the p-norm's terms
+// (norm_term) and `maxabs` is the extreme |x| the kind needs: the minimum
+// for kNegInf (whose sum counts the elements, so an empty input gives 0).
 struct NormAcc {
   float sumsq;
   float maxabs;
 };
 
-GRADACC_HD NormAcc norm_acc_init() { return NormAcc{0.0f, 0.0f}; }
+// min of two non-negative values that propagates NaN (the -inf norm).
+GRADACC_HD float min_abs_nan(float a, float b) {
+  if (is_nan(a) || is_nan(b)) return bits_float(0x7FC00000u);
+  return float_bits(a) < float_bits(b) ? a : b;
+}
 
+GRADACC_HD double pow_d(double a, double b) { return ::pow(a, b); }
+
+GRADACC_HD NormAcc norm_acc_init(NormKind kind = NormKind::kL2) {
+  return NormAcc{0.0f, kind == NormKind::kNegInf ? bits_float(0x7F800000u) : 0.0f};
+}
+
+// The L2 / inf fast path: both statistics at once.
 GRADACC_HD NormAcc norm_acc_add(NormAcc a, float x) {
   return NormAcc{add_rn(a.sumsq, mul_rn(x, x)), max_abs_nan(a.maxabs, abs_f(x))};
 }
 
-GRADACC_HD NormAcc norm_acc_merge(NormAcc a, NormAcc b) {
-  return NormAcc{add_rn(a.sumsq, b.sumsq), max_abs_nan(a.maxabs, b.maxabs)};
+// What element x adds to the sum of a kind. kZero counts x != 0 (a NaN
+// counts, as in torch); kP rounds |x|^p from double once.
+GRADACC_HD float norm_term(float x, NormKind kind, double p) {
+  switch (kind) {
+    case NormKind::kZero: return x != 0.0f ? 1.0f : 0.0f;
+    case NormKind::kOne: return abs_f(x);
+    case NormKind::kNegInf: return 1.0f;
+    case NormKind::kP: return float(pow_d(double(abs_f(x)), p));
+    default: return mul_rn(x, x);
+  }
 }
 
-GRADACC_HD float norm_acc_result(NormAcc a, NormKind kind) {
-  if (kind == NormKind::kInf) return a.maxabs;
+// Any kind; kL2 and kInf give exactly what norm_acc_add gives.
+GRADACC_HD NormAcc norm_acc_add(NormAcc a, float x, NormKind kind, double p) {
+  const float ext = kind == NormKind::kNegInf ? min_abs_nan(a.maxabs, abs_f(x)) : max_abs_nan(a.maxabs, abs_f(x));
+  return NormAcc{add_rn(a.sumsq, norm_term(x, kind, p)), ext};
+}
+
+GRADACC_HD NormAcc norm_acc_merge(NormAcc a, NormAcc b, NormKind kind = NormKind::kL2) {
+  const float ext = kind == NormKind::kNegInf ? min_abs_nan(a.maxabs, b.maxabs) : max_abs_nan(a.maxabs, b.maxabs);
+  return NormAcc{add_rn(a.sumsq, b.sumsq), ext};
+}
+
+GRADACC_HD float norm_acc_result(NormAcc a, NormKind kind, double p = 2.0) {
+  switch (kind) {
+    case NormKind::kInf: return a.maxabs;
+    case NormKind::kNegInf: return a.sumsq == 0.0f ? 0.0f : a.maxabs;
+    case NormKind::kZero:
+    case NormKind::kOne: return a.sumsq;
+    case NormKind::kP: return float(pow_d(double(a.sumsq), 1.0 / p));
+    default: break;
+  }
 #if defined(__CUDA_ARCH__)
   return __fsqrt_rn(a.sumsq);
 #else
   return std::sqrt(a.sumsq);
 #endif
+}
+
+// A one-element scalar of any float dtype (a clip's total_norm), as float.
+GRADACC_HD float load_scalar(const void* ptr, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16: return half_to_float(*static_cast<const Half*>(ptr));
+    case DType::kBFloat16: return bf16_to_float(*static_cast<const BFloat16*>(ptr));
+    case DType::kFloat64: return float(*static_cast<const double*>(ptr));
+    default: return *static_cast<const float*>(ptr);
+  }
 }
 
 }  // namespace gradacc

@@ -182,23 +182,25 @@ __device__ __forceinline__ void for_each_group(int n, bool vec, F&& fn) {
 
 // Fixed-shape tree (warp shuffles, then warp 0 over the per-warp results):
 // same inputs, same bits. The result is valid in thread 0. Every thread of
-// the block must call it.
-__device__ __forceinline__ NormAcc block_reduce(NormAcc a) {
+// the block must call it. `kind` picks the merge (the -inf norm keeps a min).
+__device__ __forceinline__ NormAcc block_reduce(NormAcc a, NormKind kind = NormKind::kL2) {
   __shared__ NormAcc warp_acc[kWarps];
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) {
-    a = norm_acc_merge(a, NormAcc{__shfl_down_sync(0xFFFFFFFFu, a.sumsq, off),
-                                  __shfl_down_sync(0xFFFFFFFFu, a.maxabs, off)});
+    a = norm_acc_merge(a,
+                       NormAcc{__shfl_down_sync(0xFFFFFFFFu, a.sumsq, off), __shfl_down_sync(0xFFFFFFFFu, a.maxabs, off)},
+                       kind);
   }
   if (lane == 0) warp_acc[warp] = a;
   __syncthreads();
   if (warp == 0) {
-    a = lane < kWarps ? warp_acc[lane] : norm_acc_init();
+    a = lane < kWarps ? warp_acc[lane] : norm_acc_init(kind);
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) {
-      a = norm_acc_merge(a, NormAcc{__shfl_down_sync(0xFFFFFFFFu, a.sumsq, off),
-                                    __shfl_down_sync(0xFFFFFFFFu, a.maxabs, off)});
+      a = norm_acc_merge(
+          a, NormAcc{__shfl_down_sync(0xFFFFFFFFu, a.sumsq, off), __shfl_down_sync(0xFFFFFFFFu, a.maxabs, off)},
+          kind);
     }
   }
   return a;

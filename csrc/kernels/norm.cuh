@@ -16,13 +16,18 @@ namespace gradacc::cuda {
 struct NormArgs {
   NormAcc* partials;      // one per global chunk
   int32_t* chunk_tensor;  // one per global chunk: its tensor's index in the list
+  double p;               // the order, for NormKind::kP
+  NormKind kind;
 };
 static_assert(sizeof(ListMeta<1>) + sizeof(NormArgs) <= kParamLimit, "norm kernel parameters");
 
+// kFast: the L2 / inf path (norm_acc_add without a per-element switch);
+// otherwise any kind, with the same per-element math as the CPU kernel.
+template <bool kFast>
 __global__ void __launch_bounds__(kBlockThreads)
     norm_kernel(const __grid_constant__ ListMeta<1> meta, const NormArgs args) {
   const BlockChunk c = block_chunk(meta);
-  NormAcc acc = norm_acc_init();
+  NormAcc acc = norm_acc_init(args.kind);
   dispatch_dtype(meta.dtype[0][c.slot], [&](auto tag) {
     using T = decltype(tag);
     const T* x = static_cast<const T*>(meta.data[0][c.slot]) + c.first_elem;
@@ -31,10 +36,13 @@ __global__ void __launch_bounds__(kBlockThreads)
       T v[W];
       load_raw<W>(x + i, v);
 #pragma unroll
-      for (int k = 0; k < W; ++k) acc = norm_acc_add(acc, Elem<T>::load(v[k]));
+      for (int k = 0; k < W; ++k) {
+        if constexpr (kFast) acc = norm_acc_add(acc, Elem<T>::load(v[k]));
+        else acc = norm_acc_add(acc, Elem<T>::load(v[k]), args.kind, args.p);
+      }
     });
   });
-  const NormAcc total = block_reduce(acc);
+  const NormAcc total = block_reduce(acc, args.kind);
   if (threadIdx.x == 0) {
     const int64_t g = meta.first_chunk + blockIdx.x;
     args.partials[g] = total;
@@ -56,18 +64,18 @@ __device__ __forceinline__ int64_t lower_bound(const int32_t* keys, int64_t n, i
 // (then chunk_tensor must be filled). With no chunks at all every output is 0.
 __global__ void __launch_bounds__(kBlockThreads)
     norm_finalize_kernel(const NormAcc* partials, const int32_t* chunk_tensor, int64_t num_chunks, NormKind kind,
-                         float* total_out, float* per_tensor_out) {
+                         double p, float* total_out, float* per_tensor_out) {
   int64_t begin = 0, end = num_chunks;
   if (blockIdx.x > 0) {
     const int32_t t = int32_t(blockIdx.x - 1);
     begin = lower_bound(chunk_tensor, num_chunks, t);
     end = lower_bound(chunk_tensor, num_chunks, t + 1);
   }
-  NormAcc acc = norm_acc_init();
-  for (int64_t i = begin + threadIdx.x; i < end; i += kBlockThreads) acc = norm_acc_merge(acc, partials[i]);
-  acc = block_reduce(acc);
+  NormAcc acc = norm_acc_init(kind);
+  for (int64_t i = begin + threadIdx.x; i < end; i += kBlockThreads) acc = norm_acc_merge(acc, partials[i], kind);
+  acc = block_reduce(acc, kind);
   if (threadIdx.x != 0) return;
-  const float result = norm_acc_result(acc, kind);
+  const float result = norm_acc_result(acc, kind, p);
   if (blockIdx.x == 0) *total_out = result;
   else per_tensor_out[blockIdx.x - 1] = result;
 }

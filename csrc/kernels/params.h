@@ -11,7 +11,9 @@
 
 namespace gradacc {
 
-// One tensor as the kernels see it: contiguous storage of `numel` elements.
+// One tensor as the kernels see it: `numel` elements in one dense block of
+// memory (a contiguous tensor, or a dense permuted one such as channels_last,
+// which the element-wise ops and the norms may read in storage order).
 struct Span {
   void* data;
   int64_t numel;
@@ -39,6 +41,7 @@ struct AccumulateParams {
 struct NormParams {
   std::vector<Span> tensors;
   NormKind norm_kind = NormKind::kL2;
+  double p = 2.0;                   // the order, used by NormKind::kP
   float* total_out = nullptr;       // one float
   float* per_tensor_out = nullptr;  // tensors.size() floats, or null
 };
@@ -46,7 +49,7 @@ struct NormParams {
 // In-place element-wise rescaling of a list; the mode picks the element op.
 enum class ScaleMode : int8_t {
   kUnscale = 0,    // x *= *inv_scale_ptr; raise *found_inf on non-finite
-  kClipNorm = 1,   // x *= clip_coefficient(*norm_ptr, max_norm, eps), skipped when >= 1
+  kClipNorm = 1,   // x *= clip_coefficient(load_scalar(norm_ptr, norm_dtype), max_norm, eps), skipped when >= 1
   kClipValue = 2,  // x = clamp(x, -clip_value, clip_value)
 };
 
@@ -55,7 +58,8 @@ struct ScaleParams {
   ScaleMode mode = ScaleMode::kUnscale;
   const float* inv_scale_ptr = nullptr;
   float* found_inf = nullptr;
-  const float* norm_ptr = nullptr;
+  const void* norm_ptr = nullptr;  // a one-element scalar of any float dtype
+  DType norm_dtype = DType::kFloat32;
   float max_norm = 0.0f;
   float eps = 0.0f;
   float clip_value = 0.0f;

@@ -11,10 +11,11 @@ namespace gradacc::cuda {
 struct ScaleArgs {
   const float* inv_scale_ptr;  // kUnscale
   float* found_inf;            // kUnscale
-  const float* norm_ptr;       // kClipNorm
+  const void* norm_ptr;        // kClipNorm: one element of norm_dtype
   float max_norm;              // kClipNorm
   float eps;                   // kClipNorm
   float clip_value;            // kClipValue
+  DType norm_dtype;            // kClipNorm
 };
 static_assert(sizeof(ListMeta<1>) + sizeof(ScaleArgs) <= kParamLimit, "scale kernel parameters");
 
@@ -26,7 +27,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   if constexpr (kMode == ScaleMode::kClipNorm) {
     // Every block derives the coefficient from the device-side norm itself:
     // no host sync. It is the same in every thread, so the exit is uniform.
-    factor = clip_coefficient(*args.norm_ptr, args.max_norm, args.eps);
+    factor = clip_coefficient(load_scalar(args.norm_ptr, args.norm_dtype), args.max_norm, args.eps);
     if (factor >= 1.0f) return;  // nothing to clip: leave memory untouched (a NaN coefficient does not exit)
   }
   const BlockChunk c = block_chunk(meta);

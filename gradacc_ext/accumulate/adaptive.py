@@ -27,6 +27,7 @@ import torch
 
 from .accumulator import GradientAccumulator, LossFn
 from .config import GradientAccumulationConfig
+from .window import check_loss
 
 
 def batch_size_of(batch: Any) -> int:
@@ -77,9 +78,9 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
 
     def __init__(
         self,
-        model_or_params: torch.nn.Module | Any,
-        optimizer: torch.optim.Optimizer,
-        config: GradientAccumulationConfig,
+        model_or_params: torch.nn.Module | Any | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        config: GradientAccumulationConfig | None = None,
         scheduler: Any | None = None,
         scaler: torch.amp.GradScaler | None = None,
         *,
@@ -95,7 +96,7 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
             ):
                 raise ValueError(f"AdaptiveGradientAccumulator: {name} must be an integer >= 1, got {value!r}")
         super().__init__(model_or_params, optimizer, config, scheduler, scaler)
-        self.micro_batch_size = micro_batch_size if micro_batch_size is not None else config.micro_batch_size
+        self.micro_batch_size = micro_batch_size if micro_batch_size is not None else self.config.micro_batch_size
         self.min_micro_batch_size = min_micro_batch_size
         self.adaptation_history: list[dict[str, int]] = []
 
@@ -136,8 +137,8 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
     def _run_chunk(self, chunk: Any, n: int, total: int, loss_fn: LossFn, last: bool) -> bool:
         out = loss_fn(self.module, chunk)
         loss, num_items = out if isinstance(out, tuple) else (out, None)
-        self._check_loss(loss)
-        weight, count = self._weight(num_items)
+        check_loss(loss)
+        weight, count = self._window.weight(num_items)
         if num_items is None:
             # A mean loss over this chunk stands for n/total of the micro-batch's mean.
             weight, count = n / total, n / total

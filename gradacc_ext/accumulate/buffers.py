@@ -1,11 +1,22 @@
 """The accumulator's own gradient buffers: one flat buffer per buffer dtype, per-parameter views.
 
-Each micro-step adds the fresh param.grad tensors into the views and the
-caller then drops param.grad, so autograd writes a new gradient next time
-and no zeroing pass is ever needed: the first contribution of a window is
-written with assign=True. A parameter that gets no gradient in a micro-step
-contributes nothing to it; one that gets none in the whole window is shown
-to the optimizer with grad None, as in a plain loop.
+Gradients are added into the views as autograd produces them (GradHooks
+hands them over in buckets) and param.grad is dropped at once, so autograd
+writes a new gradient next time and no zeroing pass is ever needed: the
+first contribution of a window is written with assign=True. A parameter
+that gets no gradient in a micro-step contributes nothing to it; one that
+gets none in the whole window is shown to the optimizer with grad None, as
+in a plain loop.
+
+Layout: parameters in reverse registration order (the order backward
+produces their gradients, as DDP's reducer lays out its buckets), so a
+bucket is usually a contiguous range; every view starts on an ALIGN-byte
+boundary so the kernels' vectorised paths apply to every view. The padding
+between views is never read or written by any op.
+
+The flat buffers are allocated on a window's first gradient; with
+release=True (config.release_buffers) they are freed after every step, and
+re-creating them costs no zeroing pass (the first contribution assigns).
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ from .. import ops
 from ..ops import reference
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
+ALIGN = 16  # bytes: one 128-bit vector load; the CUDA kernels' vector width and the CPU's SSE/NEON width
 
 
 def _reference_ops() -> SimpleNamespace:
@@ -31,12 +43,6 @@ def _reference_ops() -> SimpleNamespace:
     def accumulate_(bufs, grads, scale=1.0, *, assign=False, backend=None):
         alpha, tensor = (1.0, scale) if isinstance(scale, torch.Tensor) else (float(scale), None)
         reference.accumulate_(bufs, grads, alpha, tensor, assign)
-
-    def accumulate_final_(
-        bufs, grads, found_inf, norm_out, scale=1.0, *, inv_scale=None, assign=False, norm_type=2.0, backend=None
-    ):
-        alpha, tensor = (1.0, scale) if isinstance(scale, torch.Tensor) else (float(scale), None)
-        reference.accumulate_final_(bufs, grads, alpha, tensor, assign, inv_scale, found_inf, norm_out, norm_type)
 
     def unscale_(tensors, inv_scale, found_inf, *, backend=None):
         reference.unscale_(tensors, inv_scale, found_inf)
@@ -52,7 +58,6 @@ def _reference_ops() -> SimpleNamespace:
 
     return SimpleNamespace(
         accumulate_=accumulate_,
-        accumulate_final_=accumulate_final_,
         unscale_=unscale_,
         global_norm=global_norm,
         clip_by_norm_=clip_by_norm_,
@@ -63,9 +68,17 @@ def _reference_ops() -> SimpleNamespace:
 class GradBuffers:
     """Flat accumulation buffers for `params` (trainable, on one device)."""
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], accum_dtype: torch.dtype | None, backend: str) -> None:
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        accum_dtype: torch.dtype | None,
+        backend: str,
+        *,
+        release: bool = False,
+    ) -> None:
         self.params = list(params)
         self.backend = backend
+        self.release_after_step = release
         if any(type(p).__name__ == "DTensor" or type(p.data).__name__ == "DTensor" for p in self.params):
             # FSDP2's sharded parameters: the flat buffers would need local-shard shapes and a
             # cross-shard norm; until then refuse rather than accumulate wrong shapes.
@@ -80,80 +93,62 @@ class GradBuffers:
                 f"found {sorted(map(str, devices))}"
             )
         self.device = devices.pop() if devices else torch.device("cpu")
-        buf_dtypes = [
+        self.buf_dtypes = [
             accum_dtype if (accum_dtype is not None and p.dtype in LOW_PRECISION) else p.dtype for p in self.params
         ]
-        self.flats: dict[torch.dtype, torch.Tensor] = {}
-        self.views: list[torch.Tensor] = [torch.empty(0)] * len(self.params)
-        for dtype in dict.fromkeys(buf_dtypes):
-            members = [i for i, d in enumerate(buf_dtypes) if d == dtype]
-            flat = torch.empty(sum(self.params[i].numel() for i in members), dtype=dtype, device=self.device)
+        self.dtypes = list(dict.fromkeys(self.buf_dtypes))
+        # Element offset of each parameter's view in its dtype's flat buffer, and each flat's size.
+        self.offsets = [0] * len(self.params)
+        self.sizes: dict[torch.dtype, int] = {}
+        for dtype in self.dtypes:
+            step = max(1, ALIGN // dtype.itemsize)
             offset = 0
-            for i in members:
-                n = self.params[i].numel()
-                self.views[i] = flat[offset : offset + n].view(self.params[i].shape)
-                offset += n
-            self.flats[dtype] = flat
-        # Parameters whose buffer dtype differs from their own get their gradient
-        # cast into this param-dtype copy once per window (optimizers require
-        # grad.dtype == param.dtype); allocated on the first window end.
-        self._cast_index = [i for i, d in enumerate(buf_dtypes) if d != self.params[i].dtype]
-        self._cast_views: list[torch.Tensor] | None = None
-        self.ops = _reference_ops() if torch.float64 in self.flats else ops
+            for i in reversed(range(len(self.params))):
+                if self.buf_dtypes[i] == dtype:
+                    self.offsets[i] = offset
+                    offset += -(-self.params[i].numel() // step) * step
+            self.sizes[dtype] = offset
+        self.flats: dict[torch.dtype, torch.Tensor] = {}
+        self.views: list[torch.Tensor] = []
+        # Parameters whose buffer dtype differs from their own get their gradient cast into a
+        # param-dtype copy for the optimizer step only (optimizers require grad.dtype == param.dtype);
+        # the copies are freed right after the step.
+        self._cast_index = [i for i, d in enumerate(self.buf_dtypes) if d != self.params[i].dtype]
+        self.ops = _reference_ops() if torch.float64 in self.dtypes else ops
         self.seen = [False] * len(self.params)
+
+    def _ensure(self) -> None:
+        """Allocates the flat buffers (uninitialised: every view's first write assigns)."""
+        if self.flats:
+            return
+        self.flats = {d: torch.empty(n, dtype=d, device=self.device) for d, n in self.sizes.items()}
+        self.views = [
+            self.flats[d][o : o + p.numel()].view(p.shape)
+            for p, d, o in zip(self.params, self.buf_dtypes, self.offsets, strict=True)
+        ]
+
+    @property
+    def allocated(self) -> bool:
+        return bool(self.flats)
 
     # -- per micro-step ---------------------------------------------------------------------------------------------
 
-    def add(self, grads: Sequence[torch.Tensor | None], scale: float | torch.Tensor) -> None:
-        """views += scale * grads; a parameter's first gradient of the window is assigned instead."""
-        first = [i for i, g in enumerate(grads) if g is not None and not self.seen[i]]
-        again = [i for i, g in enumerate(grads) if g is not None and self.seen[i]]
-        for index, assign in ((first, True), (again, False)):
-            if index:
+    def add(self, index: Sequence[int], grads: Sequence[torch.Tensor], scale: float | torch.Tensor) -> None:
+        """views[index] += scale * grads (distinct indices); a parameter's first gradient of the window is assigned."""
+        self._ensure()
+        first = [k for k, i in enumerate(index) if not self.seen[i]]
+        again = [k for k, i in enumerate(index) if self.seen[i]]
+        for part, assign in ((first, True), (again, False)):
+            if part:
                 self.ops.accumulate_(
-                    [self.views[i] for i in index],
-                    [_dense(grads[i], self.params[i]) for i in index],
+                    [self.views[index[k]] for k in part],
+                    [_dense(grads[k], self.params[index[k]]) for k in part],
                     scale,
                     assign=assign,
                     backend=self.backend,
                 )
-        for i in first:
-            self.seen[i] = True
-
-    def add_final(
-        self,
-        grads: Sequence[torch.Tensor | None],
-        scale: float | torch.Tensor,
-        inv_scale: torch.Tensor,
-        found_inf: torch.Tensor,
-        norm_out: torch.Tensor,
-        norm_type: float,
-    ) -> None:
-        """The last micro-step: accumulate, multiply by inv_scale, flag non-finite values and take the norm.
-
-        One fused pass when this step's gradients cover exactly the parameters
-        already in the window (or the window is this step alone); otherwise
-        an accumulate pass and then the finishing pass.
-        """
-        present = [g is not None for g in grads]
-        if present == self.seen or not any(self.seen):
-            index = [i for i, p in enumerate(present) if p]
-            self.ops.accumulate_final_(
-                [self.views[i] for i in index],
-                [_dense(grads[i], self.params[i]) for i in index],
-                found_inf,
-                norm_out,
-                scale,
-                inv_scale=inv_scale,
-                assign=not any(self.seen),
-                norm_type=norm_type,
-                backend=self.backend,
-            )
-            for i in index:
-                self.seen[i] = True
-            return
-        self.add(grads, scale)
-        self.finish(inv_scale, found_inf, norm_out, norm_type)
+        for k in first:
+            self.seen[index[k]] = True
 
     def finish(
         self, inv_scale: torch.Tensor, found_inf: torch.Tensor, norm_out: torch.Tensor, norm_type: float
@@ -174,6 +169,7 @@ class GradBuffers:
         Distributed sums run over the whole flat buffers, so every view must hold
         this window's value (zero when this rank produced no gradient for it).
         """
+        self._ensure()
         for i, seen in enumerate(self.seen):
             if not seen:
                 self.views[i].zero_()
@@ -188,46 +184,71 @@ class GradBuffers:
 
     def expose(self) -> None:
         """param.grad = this window's gradient (a view, or a param-dtype copy); None if the window gave none."""
-        if self._cast_index and self._cast_views is None:
-            self._cast_views = [torch.empty_like(self.params[i]) for i in self._cast_index]
-        if self._cast_index:
-            # One fused cast per window; optimizers need grads in the parameter's dtype.
-            torch._foreach_copy_(self._cast_views, [self.views[i] for i in self._cast_index])
-            cast = dict(zip(self._cast_index, self._cast_views, strict=True))
-        else:
-            cast = {}
+        cast = [i for i in self._cast_index if self.seen[i]]
+        copies = dict(zip(cast, [torch.empty_like(self.params[i]) for i in cast], strict=True))
+        if cast:
+            # One fused cast per window into copies that live only until release().
+            torch._foreach_copy_([copies[i] for i in cast], [self.views[i] for i in cast])
         for i, p in enumerate(self.params):
-            p.grad = (cast[i] if i in cast else self.views[i]) if self.seen[i] else None
+            p.grad = (copies[i] if i in copies else self.views[i]) if self.seen[i] else None
 
     def release(self) -> None:
-        """Start a new window: the buffers' contents become stale (the next add assigns)."""
+        """Start a new window: drop param.grad (and the cast copies); the buffers' contents become stale.
+
+        With release=True the flat buffers are freed too and re-created by the next window's first gradient.
+        """
         for p in self.params:
             p.grad = None
         self.seen = [False] * len(self.params)
+        if self.release_after_step:
+            self.flats, self.views = {}, []
 
     # -- checkpointing ----------------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        return {"flats": {str(d): f.clone() for d, f in self.flats.items()}, "seen": list(self.seen)}
+        """The window's per-parameter sums (None where none yet): independent of the flat layout."""
+        return {"grads": [self.views[i].clone() if s else None for i, s in enumerate(self.seen)]}
 
     def load_state_dict(self, state: dict) -> None:
-        flats, seen = state["flats"], state["seen"]
-        if sorted(flats) != sorted(str(d) for d in self.flats) or len(seen) != len(self.params):
+        """Loads state_dict() output, or version 1's {"flats", "seen"} (unpadded, in registration order)."""
+        grads = state["grads"] if "grads" in state else self._from_v1(state)
+        if len(grads) != len(self.params):
             raise ValueError(
                 "GradientAccumulator.load_state_dict: the saved buffers do not match this model's trainable "
-                f"parameters (saved dtypes {sorted(flats)}, {len(seen)} parameters; here "
-                f"{sorted(str(d) for d in self.flats)}, {len(self.params)} parameters)"
+                f"parameters (saved {len(grads)} parameters, here {len(self.params)})"
             )
-        for dtype, flat in self.flats.items():
-            saved = flats[str(dtype)]
-            if saved.shape != flat.shape:
+        for i, g in enumerate(grads):
+            if g is not None and (g.shape != self.params[i].shape or g.dtype != self.buf_dtypes[i]):
                 raise ValueError(
-                    f"GradientAccumulator.load_state_dict: saved {dtype} buffer has {saved.numel()} elements, "
-                    f"expected {flat.numel()}"
+                    "GradientAccumulator.load_state_dict: the saved buffers do not match this model's trainable "
+                    f"parameters (saved gradient {i} is {g.dtype} {list(g.shape)}, expected {self.buf_dtypes[i]} "
+                    f"{list(self.params[i].shape)})"
                 )
-        for dtype, flat in self.flats.items():
-            flat.copy_(flats[str(dtype)])
-        self.seen = [bool(s) for s in seen]
+        self._ensure()
+        for view, g in zip(self.views, grads, strict=True):
+            if g is not None:
+                view.copy_(g)
+        self.seen = [g is not None for g in grads]
+
+    def _from_v1(self, state: dict) -> list[torch.Tensor | None]:
+        flats, seen = state["flats"], state["seen"]
+        expected = dict.fromkeys(map(str, self.dtypes), 0)
+        for p, dtype in zip(self.params, self.buf_dtypes, strict=True):
+            expected[str(dtype)] += p.numel()
+        saved = {k: f.numel() for k, f in flats.items()}
+        if saved != expected or len(seen) != len(self.params):
+            raise ValueError(
+                "GradientAccumulator.load_state_dict: the saved buffers do not match this model's trainable "
+                f"parameters (saved {saved} elements per dtype, {len(seen)} parameters; here {expected}, "
+                f"{len(self.params)} parameters)"
+            )
+        offsets = dict.fromkeys(flats, 0)
+        grads: list[torch.Tensor | None] = []
+        for p, dtype, s in zip(self.params, self.buf_dtypes, seen, strict=True):
+            key, n = str(dtype), p.numel()
+            grads.append(flats[key][offsets[key] : offsets[key] + n].view(p.shape) if s else None)
+            offsets[key] += n
+        return grads
 
 
 def _dense(grad: torch.Tensor, param: torch.nn.Parameter) -> torch.Tensor:

@@ -3,48 +3,64 @@
 Runs every cell (workload x operation x implementation) side by side in one
 process: gradacc's fused ops, torch eager, torch.compile of the same eager
 code and gradacc's pure-PyTorch reference. Each cell is first checked to
-compute the same result as the reference, then timed (CUDA events or
-perf_counter, medians, rotated input sets), and reported with GB/s from a
+compute the same result as the reference, then timed (torch.utils.benchmark.Timer,
+medians, rotated input sets), and reported with GB/s from a
 byte model, percent of the copy bandwidth measured in the same run, launch
 counts and host-sync checks. benchmarks/compare.py is the full command line;
-`gradacc bench` prints quick_table().
+`gradacc bench` prints cli_table().
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
 from .impls import IMPL_TITLES, IMPLS
 from .operations import OPERATIONS, Operation, parse_operations
 from .report import markdown, write
-from .runner import BenchConfig, run
+from .runner import BenchConfig, Log, run
 from .targets import evaluate
 from .timing import TimingConfig
 from .workloads import WORKLOADS, Workload, make_workload, parse_workloads
 
-# Small enough for < 30 s on 2 CPU cores; torch.compile (minutes of compiling
-# on a CPU) and the AdamW cell are left to benchmarks/compare.py.
-QUICK_WORKLOADS = "gpt2-small=0.125,small-2000=0.25"
-QUICK_OPERATIONS = "acc_bf16,acc_fp32,tail,norm,clip"
-QUICK_IMPLS = ("gradacc", "eager", "reference")
-QUICK_TIMING = TimingConfig(warmup=1, min_reps=3, max_reps=3, min_time_s=0.0)
+# `gradacc bench`: small enough for < 60 s on 2 busy CPU cores; torch.compile (minutes of compiling on a
+# CPU) and the AdamW cell are left to benchmarks/compare.py. --quick keeps the two headline cells.
+CLI_WORKLOADS = "gpt2-small=0.125,small-2000=0.25"
+CLI_OPERATIONS = {"default": "acc_bf16,acc_fp32,tail,norm,clip", "quick": "acc_bf16,tail"}
+CLI_IMPLS = {"default": ("gradacc", "eager", "reference"), "quick": ("gradacc", "eager")}
+CLI_TIMING = {
+    "default": TimingConfig(threshold=0.05, min_time_s=0.1, max_time_s=0.3),
+    "quick": TimingConfig(threshold=0.1, min_time_s=0.05, max_time_s=0.25),
+}
 
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def quick_table(device: str | None = None) -> str:
-    """A markdown table of a quick run on this machine (scaled-down workloads, no torch.compile)."""
-    config = BenchConfig(
+def cli_config(device: str | None = None, *, quick: bool = False, threads: int | None = None) -> BenchConfig:
+    """What `gradacc bench` runs: scaled-down workloads, no torch.compile."""
+    mode = "quick" if quick else "default"
+    return BenchConfig(
         device=torch.device(device or default_device()),
-        workloads=parse_workloads(QUICK_WORKLOADS),
-        operations=parse_operations(QUICK_OPERATIONS),
-        impls=QUICK_IMPLS,
-        timing=QUICK_TIMING,
+        workloads=parse_workloads(CLI_WORKLOADS),
+        operations=parse_operations(CLI_OPERATIONS[mode]),
+        impls=CLI_IMPLS[mode],
+        timing=replace(CLI_TIMING[mode], threads=threads),
+        # The profiler's op count costs more than the timing on a CPU (80,000 events for one reference
+        # call): only GPU launches are counted here; benchmarks/compare.py counts both.
+        count_launches=torch.device(device or default_device()).type == "cuda" and not quick,
     )
-    results = run(config, log=lambda _line: None)
-    return markdown(results, title="gradacc bench (quick run: scaled-down workloads, no torch.compile)")
+
+
+def cli_table(
+    device: str | None = None, *, quick: bool = False, threads: int | None = None, log: Log = lambda _line: None
+) -> str:
+    """The markdown table `gradacc bench` prints."""
+    results = run(cli_config(device, quick=quick, threads=threads), log=log)
+    mode = "quick run: two operations" if quick else "scaled-down workloads"
+    return markdown(results, title=f"gradacc bench ({mode}, no torch.compile)")
 
 
 __all__ = [
@@ -52,17 +68,19 @@ __all__ = [
     "IMPL_TITLES",
     "OPERATIONS",
     "WORKLOADS",
+    "Log",
     "BenchConfig",
     "Operation",
     "TimingConfig",
     "Workload",
+    "cli_config",
+    "cli_table",
     "default_device",
     "evaluate",
     "make_workload",
     "markdown",
     "parse_operations",
     "parse_workloads",
-    "quick_table",
     "run",
     "write",
 ]

@@ -10,6 +10,8 @@ from pathlib import Path
 from .impls import IMPL_TITLES, OURS
 from .targets import evaluate, speedup
 
+OVER_ROOFLINE = "> roofline: load changed, rerun"
+
 
 def _fmt(value: float | None, spec: str, missing: str = "—") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -35,12 +37,14 @@ def header(results: dict) -> list[str]:
         f"Device: {meta['device_name']}; torch {meta['torch_version']}{cuda}; commit {meta['commit']}; "
         f"date {meta['date']}{load_text}.",
         f"gradacc backend on this device: {meta['gradacc_backend']} ({meta['gradacc_backend_reason']}).",
-        f"Copy bandwidth: {copy['gbps']:.2f} GB/s at the start (fp32 copy_ of {copy['bytes'] / 2 / 2**20:.0f} MiB, "
-        "bytes read + written); each cell's % copy uses the copy timed interleaved with that cell "
-        "(copy_gbps in the JSON).",
-        f"Timing: median of >= {timing['min_reps']} repeats (>= {timing['min_time_s']:g} s, <= {timing['max_reps']}) "
-        f"after {timing['warmup']} warm-up calls; implementations interleaved; GB/s from the byte model "
-        "(benchmarks/NOTES.md).",
+        f"Roofline: {copy['gbps']:.2f} GB/s, the fastest call of two fp32 streams over {copy['bytes'] / 2**20:.0f} MiB "
+        "(dst.copy_(src) charged 8 B/element, the in-place dst.add_(src) 12 B), sampled at the start and after "
+        f"every cell; % copy = a cell's median GB/s / the roofline (\"{OVER_ROOFLINE}\": the cell was timed "
+        "in a quieter moment than every sample, so its figure says more about the machine's load than the op).",
+        f"Timing: torch.utils.benchmark.Timer.adaptive_autorange (calibrated calls per block; stops when the "
+        f"blocks' IQR/median < {timing['threshold']:g} after >= {timing['min_time_s']:g} s, or at "
+        f"{timing['max_time_s']:g} s); {meta['threads']} CPU thread{'s' if meta['threads'] > 1 else ''}; "
+        "median per call, ± = IQR/median; GB/s from the byte model (benchmarks/NOTES.md).",
     ]
 
 
@@ -55,20 +59,21 @@ def results_table(results: dict) -> list[str]:
     cuda = results["meta"]["device"] == "cuda"
     launches = "launches" if cuda else "aten ops"
     lines = [
-        f"| workload | operation | implementation | median ms | GB/s | % copy | {launches} | host syncs | "
+        f"| workload | operation | implementation | median ms | ± | GB/s | % copy | {launches} | host syncs | "
         "first call s | gradacc speedup |",
-        "|---|---|---|---:|---:|---:|---:|---|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     cells = {(c["workload"], c["op"], c["impl"]): c for c in results["cells"]}
     for c in results["cells"]:
         title = IMPL_TITLES[c["impl"]]
         if "median_s" not in c:
-            lines.append(f"| {c['workload']} | {c['op']} | {title} | {c['status']} | | | | | | |")
+            lines.append(f"| {c['workload']} | {c['op']} | {title} | {c['status']} | | | | | | | |")
             continue
         ratio = "—" if c["impl"] == OURS else _fmt(speedup(cells, c["workload"], c["op"], c["impl"]), ".2f") + "x"
         lines.append(
-            f"| {c['workload']} | {c['op']} | {title} | {c['median_s'] * 1e3:.3f} | {c['gbps']:.2f} | "
-            f"{c['pct_copy']:.1f} | {c['launches']} | {c['host_sync']} | {c['first_call_s']:.2f} | {ratio} |"
+            f"| {c['workload']} | {c['op']} | {title} | {c['median_s'] * 1e3:.3f} | {100 * c['spread']:.1f}% | "
+            f"{c['gbps']:.2f} | {_fmt(c['pct_copy'], '.1f', OVER_ROOFLINE)} | {c.get('launches', '—')} | "
+            f"{c['host_sync']} | {c['first_call_s']:.2f} | {ratio} |"
         )
     return lines
 

@@ -17,6 +17,7 @@ timed work neither overflows nor decays into subnormals (which are slow on CPUs)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +29,8 @@ LOSS_SCALE = 1024.0
 CLIP_FRACTION = 0.5
 CLIP_ALONE_COEF = 0.999
 ADAMW_LR = 1e-4
+ALIGN_BYTES = 64
+POOL = 1 << 20
 
 
 @dataclass
@@ -79,6 +82,29 @@ def needs_params(op: Operation, impls: tuple[str, ...] = ("eager",)) -> bool:
     return op.needs_optimizer or torch_clip
 
 
+def normal_tensors(
+    shapes: Sequence[tuple[int, ...]], dtype: torch.dtype, std: float, device: torch.device, gen: torch.Generator
+) -> list[torch.Tensor]:
+    """Random normal tensors of `shapes`, carved from one allocation at 64-byte-aligned offsets.
+
+    Filling 2,000 tiny tensors one by one, and drawing every element of the input sets
+    (hundreds of MiB per cell), took most of a `gradacc bench` run. So: one allocation per
+    list, split in one call; POOL random values drawn and repeated over longer lists (the
+    timing needs distinct memory, not distinct values). Offsets are aligned as separate
+    allocations would be.
+    """
+    align = max(1, ALIGN_BYTES // torch.empty((), dtype=dtype).element_size())
+    sizes = []
+    for shape in shapes:
+        numel = math.prod(shape)
+        sizes += [numel, -numel % align]  # the tensor, then padding up to the next aligned offset
+    total = sum(sizes)
+    pool = torch.empty(min(total, POOL), dtype=dtype, device=device).normal_(0.0, std, generator=gen)
+    flat = pool.repeat(-(-total // pool.numel()))[:total]
+    pieces = flat.split(sizes)[::2]
+    return [t if t.dim() == len(s) else t.view(s) for t, s in zip(pieces, shapes, strict=True)]
+
+
 def make_state(
     workload: Workload, op: Operation, device: torch.device | str, seed: int, with_params: bool | None = None
 ) -> GradState:
@@ -86,15 +112,15 @@ def make_state(
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
 
-    def normal(shape: tuple[int, ...], dtype: torch.dtype, std: float) -> torch.Tensor:
-        return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std, generator=gen)
+    def normal(dtype: torch.dtype, std: float) -> list[torch.Tensor]:
+        return normal_tensors(workload.shapes, dtype, std, device, gen)
 
-    bufs = [normal(s, torch.float32, LOSS_SCALE) for s in workload.shapes]
-    grads = [normal(s, op.grad_dtype, LOSS_SCALE) for s in workload.shapes] if op.grad_dtype is not None else []
+    bufs = normal(torch.float32, LOSS_SCALE)
+    grads = normal(op.grad_dtype, LOSS_SCALE) if op.grad_dtype is not None else []
     params: list[torch.nn.Parameter] = []
     if needs_params(op) if with_params is None else with_params:
-        for shape, buf in zip(workload.shapes, bufs, strict=True):
-            p = torch.nn.Parameter(normal(shape, torch.float32, 0.02))
+        for p_data, buf in zip(normal(torch.float32, 0.02), bufs, strict=True):
+            p = torch.nn.Parameter(p_data)
             p.grad = buf
             params.append(p)
     max_norm = CLIP_FRACTION * math.sqrt(workload.numel)

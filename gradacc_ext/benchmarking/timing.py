@@ -1,37 +1,44 @@
-"""Timing, copy bandwidth, launch counting and host-sync checks.
+"""Timing, the bandwidth roofline, launch counting and host-sync checks.
 
-Timing: CUDA events around each repeat on CUDA, time.perf_counter on the CPU
-(CPU ops are synchronous), after a warm-up, median over many repeats.
-Repeat i runs on input set i % n_sets, and there are enough sets that they
-move as many bytes as the copy reference: far more than the last-level cache.
+Timing: torch.utils.benchmark.Timer.adaptive_autorange. It calibrates the calls
+per block so the timer's own overhead is negligible (that is also the warm-up),
+sets the torch thread count, synchronises CUDA, and stops once the blocks agree
+(IQR / median below `threshold`) or the time budget is spent. Every call runs on
+the next of several input sets, enough of them that together they move more bytes
+than the last-level cache holds, so no cell is timed from cache.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
-import statistics
-import time
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.utils.benchmark import Measurement, Timer
 
-MAX_SETS = 8
+MAX_SETS = 256
 CPU_CACHE_FALLBACK = 32 << 20
-TIMING_BATCH = 10  # CUDA repeats recorded between two host synchronisations
 
 
 @dataclass(frozen=True)
 class TimingConfig:
-    warmup: int = 3
-    min_reps: int = 10
-    max_reps: int = 200
-    min_time_s: float = 1.0  # keep repeating (up to max_reps) until this much was timed
+    threshold: float = 0.05  # stop once the blocks' IQR / median is below this ...
+    min_time_s: float = 0.2  # ... and at least this long was timed
+    max_time_s: float = 2.0  # stop here even if the spread stays above threshold (a busy machine)
+    threads: int | None = None  # torch CPU threads while timing; None: torch's current setting
 
     def __post_init__(self) -> None:
-        if self.warmup < 0 or self.min_reps < 1 or self.max_reps < self.min_reps or self.min_time_s < 0:
-            raise ValueError(f"invalid timing config {self}: need warmup >= 0, 1 <= min_reps <= max_reps, time >= 0")
+        bad_threads = self.threads is not None and self.threads < 1
+        if not (0 < self.threshold and 0 <= self.min_time_s <= self.max_time_s) or bad_threads:
+            raise ValueError(
+                f"invalid timing config {self}: need threshold > 0, 0 <= min_time_s <= max_time_s, threads >= 1"
+            )
 
 
 def synchronize(device: torch.device) -> None:
@@ -54,7 +61,7 @@ def cache_bytes(device: torch.device) -> int:
 
 
 def rotation_bytes(device: torch.device) -> int:
-    """Bytes the rotated input sets must move together: as many as the copy reference.
+    """Bytes the rotated input sets must move together, and the size of the roofline's streams.
 
     At least 8x the reported last-level cache, and a floor on top, because a
     virtual machine may report less cache than the host has (on this 2-core
@@ -69,72 +76,99 @@ def sets_needed(bytes_per_set: int, device: torch.device) -> int:
     return max(1, min(MAX_SETS, math.ceil(rotation_bytes(device) / max(1, bytes_per_set))))
 
 
-def _time_batch(fn: Callable[[int], object], first: int, count: int, device: torch.device) -> list[float]:
-    if device.type == "cuda":
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
-        for k, (start, end) in enumerate(events):
-            start.record()
-            fn(first + k)
-            end.record()
-        torch.cuda.synchronize(device)
-        return [start.elapsed_time(end) / 1e3 for start, end in events]
-    out = []
-    for k in range(count):
-        t0 = time.perf_counter()
-        fn(first + k)
-        out.append(time.perf_counter() - t0)
-    return out
+def rotating(fn: Callable[[object], object], inputs: Sequence[object]) -> Callable[[], object]:
+    """fn on inputs[0], inputs[1], ... in turn, one per call."""
+    counter = itertools.count()
+    return lambda: fn(inputs[next(counter) % len(inputs)])
 
 
-def time_interleaved(
-    fns: dict[str, Callable[[int], object]], device: torch.device, cfg: TimingConfig
-) -> dict[str, list[float]]:
-    """Seconds per repeat of each fn(i), i counting up from 0 through the warm-up and the repeats.
-
-    The implementations take turns (one repeat each on the CPU, a batch of
-    TIMING_BATCH on CUDA), so a change in machine load during the run hits
-    all of them alike instead of biasing the ratios between them.
-    """
-    for fn in fns.values():
-        for i in range(cfg.warmup):
-            fn(i)
-    synchronize(device)
-    times: dict[str, list[float]] = {name: [] for name in fns}
-
-    def done(ts: list[float]) -> bool:
-        return len(ts) >= cfg.max_reps or (len(ts) >= cfg.min_reps and sum(ts) >= cfg.min_time_s)
-
-    while active := [name for name in fns if not done(times[name])]:
-        for name in active:
-            count = min(TIMING_BATCH if device.type == "cuda" else 1, cfg.max_reps - len(times[name]))
-            times[name] += _time_batch(fns[name], cfg.warmup + len(times[name]), count, device)
-    return times
+def measure(fn: Callable[[], object], cfg: TimingConfig) -> Measurement:
+    timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=cfg.threads or torch.get_num_threads())
+    return timer.adaptive_autorange(cfg.threshold, min_run_time=cfg.min_time_s, max_run_time=cfg.max_time_s)
 
 
-def summarize(times: list[float]) -> dict[str, float]:
-    q = statistics.quantiles(times, n=10) if len(times) > 1 else [times[0]] * 9
-    return {"median_s": statistics.median(times), "p10_s": q[0], "p90_s": q[-1], "reps": len(times)}
+def summarize(m: Measurement) -> dict[str, float]:
+    """Seconds per call: median and best block, the spread (IQR / median) and how many calls were timed."""
+    per_call = [t / m.number_per_run for t in m.raw_times]
+    return {
+        "median_s": m.median,
+        "best_s": min(per_call),
+        "spread": m.iqr / m.median if m.median > 0 else math.inf,
+        "blocks": len(per_call),
+        "calls_per_block": m.number_per_run,
+    }
 
 
-class CopyReference:
-    """A large fp32 dst.copy_(src), charged bytes read plus written, timed like every cell.
+class Roofline:
+    """The machine's streaming bandwidth, which no bandwidth-bound cell can beat.
 
-    Each cell times it interleaved with its implementations, so "% of copy"
-    compares numbers taken under the same machine conditions.
+    Two fp32 streams, src and dst together half as large as the bytes the rotated
+    input sets move (a cell's sets occupy at least that: no byte is counted more
+    than twice, read and written), so no cell runs more from cache than they do;
+    each stream charged the bytes it reads and writes: dst.copy_(src) (8 B per element)
+    and the in-place dst.add_(src) (12 B). The in-place one is needed because
+    most cells update in place: on a CPU, copy_ also reads each dst line before
+    writing it (write-allocate, uncounted), so an in-place update ran at 1.6x
+    copy_'s counted bandwidth on this VM.
+
+    A few calls of each stream are sampled at the start and after every cell,
+    and the roofline is the fastest call of the run. On a shared machine the
+    bandwidth a cell gets changes from one second to the next; a roofline taken
+    only at the start let a cell timed in a quieter moment reach 4x it. Cells are
+    charged at their median; one that still beats the roofline was timed in a
+    quieter moment than every sample, and the report says so instead of a % > 100.
     """
 
-    def __init__(self, device: torch.device, nbytes: int) -> None:
-        n = max(1, nbytes // 4)  # src is nbytes; one copy moves twice that
-        gen = torch.Generator(device=device).manual_seed(12345)
-        self.src = torch.empty(n, dtype=torch.float32, device=device).normal_(generator=gen)
-        self.dst = torch.empty_like(self.src)
-        self.bytes = 2 * n * 4
+    CALLS = 2  # per stream and sample: each call moves hundreds of MiB
 
-    def __call__(self, _i: int) -> None:
-        self.dst.copy_(self.src)
+    def __init__(self, device: torch.device, nbytes: int, threads: int | None = None) -> None:
+        n = max(1, nbytes // 16)
+        # Constant fills: a stream's speed does not depend on its values, and drawing hundreds of MiB
+        # of random numbers took seconds of a `gradacc bench` run.
+        self.src = torch.full((n,), 1.0, dtype=torch.float32, device=device)
+        self.dst = torch.full((n,), 0.5, dtype=torch.float32, device=device)
+        self.numel = n
+        self.threads = threads or torch.get_num_threads()
+        self.samples: list[dict[str, float]] = []
 
-    def gbps(self, times: list[float]) -> float:
-        return self.bytes / summarize(times)["median_s"] / 1e9
+    def sample(self) -> dict[str, float]:
+        streams = {
+            "copy_gbps": ("dst.copy_(src)", 8),
+            # A tiny alpha keeps dst near its values over thousands of adds (no overflow, no subnormals).
+            "inplace_gbps": ("dst.add_(src, alpha=1e-30)", 12),
+        }
+        sample = {}
+        for key, (stmt, nbytes) in streams.items():
+            timer = Timer(stmt, globals={"src": self.src, "dst": self.dst}, num_threads=self.threads)
+            best = min(timer.timeit(1).raw_times[0] for _ in range(self.CALLS))
+            sample[key] = nbytes * self.numel / best / 1e9
+        self.samples.append(sample)
+        return sample
+
+    @property
+    def gbps(self) -> float:
+        return max(max(sample.values()) for sample in self.samples)
+
+    def free(self) -> None:
+        self.src = self.dst = torch.empty(0)
+
+
+@contextlib.contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """Drops what C++ code prints to file descriptor 2 (the profiler's USDT start/stop lines).
+
+    Python exceptions still propagate; only raw writes to fd 2 inside the block are lost.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def count_launches(fn: Callable[[], object], device: torch.device) -> tuple[int, str]:
@@ -142,7 +176,7 @@ def count_launches(fn: Callable[[], object], device: torch.device) -> tuple[int,
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with quiet_stderr(), profile(activities=activities) as prof:
         fn()
         synchronize(device)
     if device.type == "cuda":

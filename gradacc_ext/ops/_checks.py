@@ -13,6 +13,20 @@ from collections.abc import Sequence
 import torch
 
 SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+SCALAR_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def num(value: float) -> str:
+    """A number as C++'s ostream prints it (6 significant digits, %g), so messages match the binding's."""
+    return f"{value:g}"
+
+
+def check_defined(op: str, arg: str, tensors: Sequence[torch.Tensor | None]) -> None:
+    """None in a list: checked in Python before either backend runs, because the compiled ops' schema
+    (Tensor[]) would reject it with torch's own message before the binding could name it."""
+    for i, t in enumerate(tensors):
+        if t is None:
+            raise ValueError(f"{op}: {arg}[{i}] is undefined (None)")
 
 
 def list_device(tensors: Sequence[torch.Tensor], fallback: torch.Tensor | None = None) -> torch.device:
@@ -22,7 +36,22 @@ def list_device(tensors: Sequence[torch.Tensor], fallback: torch.Tensor | None =
     return fallback.device if fallback is not None else torch.device("cpu")
 
 
-def check_list(op: str, arg: str, tensors: Sequence[torch.Tensor], device: torch.device) -> None:
+def is_dense(t: torch.Tensor) -> bool:
+    """c10's is_non_overlapping_and_dense, which Python does not expose: the dims of size >= 2, ordered by
+    stride, have exactly a contiguous tensor's strides (so the elements fill one block of memory)."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride(), strict=True) if sz >= 2):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def check_list(
+    op: str, arg: str, tensors: Sequence[torch.Tensor], device: torch.device, *, dense_ok: bool = False
+) -> None:
+    """dense_ok: a dense non-overlapping tensor (channels_last, any permutation) is accepted, as by the
+    binding's Memory::kDense (single-list element-wise ops and norms); otherwise it must be contiguous."""
     for i, t in enumerate(tensors):
         if t is None:
             raise ValueError(f"{op}: {arg}[{i}] is undefined (None)")
@@ -34,7 +63,13 @@ def check_list(op: str, arg: str, tensors: Sequence[torch.Tensor], device: torch
             )
         if t.dtype not in SUPPORTED:
             raise TypeError(f"{op}: {arg}[{i}] has dtype {t.dtype}; expected float32, float16 or bfloat16")
-        if not t.is_contiguous():
+        if dense_ok:
+            if not is_dense(t):
+                raise ValueError(
+                    f"{op}: {arg}[{i}] is not dense (sizes {list(t.shape)}, strides {list(t.stride())}); "
+                    "expected a dense non-overlapping tensor, such as a contiguous or channels_last one"
+                )
+        elif not t.is_contiguous():
             raise ValueError(
                 f"{op}: {arg}[{i}] is not contiguous (sizes {list(t.shape)}, strides {list(t.stride())}); "
                 "expected a contiguous tensor"
@@ -54,9 +89,32 @@ def check_scalar(op: str, arg: str, t: torch.Tensor | None, device: torch.device
         )
 
 
-def check_norm_type(op: str, norm_type: float) -> None:
+def check_fast_norm_type(op: str, norm_type: float) -> None:
+    """The accumulate final step's norm rides beside its found-inf flag: L2 or inf only."""
     if not (norm_type == 2.0 or norm_type == math.inf):
-        raise ValueError(f"{op}: norm_type must be 2.0 or inf, got {norm_type}")
+        raise ValueError(f"{op}: norm_type must be 2.0 or inf, got {num(norm_type)}")
+
+
+def check_norm_type(op: str, norm_type: float) -> None:
+    if math.isnan(norm_type):
+        raise ValueError(f"{op}: norm_type must be a number or +-inf, got {num(norm_type)}")
+
+
+def check_norm_scalar(op: str, total_norm: torch.Tensor | None, device: torch.device) -> None:
+    """A clip's total_norm: one element of any float dtype (torch's get_total_norm returns the grads' dtype)."""
+    if total_norm is None:
+        raise ValueError(f"{op}: total_norm is undefined (None)")
+    if total_norm.dtype not in SCALAR_FLOATS:
+        raise TypeError(f"{op}: total_norm has dtype {total_norm.dtype}; expected a one-element floating-point tensor")
+    if total_norm.layout != torch.strided or total_norm.numel() != 1:
+        raise ValueError(
+            f"{op}: total_norm has {total_norm.numel()} elements; expected a one-element floating-point tensor"
+        )
+    if total_norm.device != device:
+        raise ValueError(
+            f"{op}: total_norm is on {total_norm.device} but the tensors are on {device}; "
+            "expected it on the same device"
+        )
 
 
 def check_accumulate(
@@ -83,15 +141,16 @@ def check_accumulate(
                 "a buffer must be float32 or its grad's dtype"
             )
     if not math.isfinite(alpha):
-        raise ValueError(f"{op}: alpha must be finite, got {alpha}")
+        raise ValueError(f"{op}: alpha must be finite, got {num(alpha)}")
     if alpha_tensor is not None:
         check_scalar(op, "alpha_tensor", alpha_tensor, device)
     return device
 
 
-def check_positive(op: str, arg: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{op}: {arg} must be finite and > 0, got {value}")
+def check_max_norm(op: str, max_norm: float) -> None:
+    """inf measures without clipping and 0 zeroes the tensors, as in torch; NaN and negatives are refused."""
+    if not max_norm >= 0:
+        raise ValueError(f"{op}: max_norm must be >= 0 (inf allowed), got {num(max_norm)}")
 
 
 # ---- One validator per op: used by the reference path (ops.py) and the fake
@@ -115,11 +174,11 @@ def check_accumulate_final(
     check_scalar(op, "norm_out", norm_out, device)
     if inv_scale is not None:
         check_scalar(op, "inv_scale", inv_scale, device)
-    check_norm_type(op, float(norm_type))
+    check_fast_norm_type(op, float(norm_type))
 
 
 def check_global_norm(op: str, tensors: Sequence[torch.Tensor], norm_type: float) -> None:
-    check_list(op, "tensors", tensors, list_device(tensors))
+    check_list(op, "tensors", tensors, list_device(tensors), dense_ok=True)
     check_norm_type(op, float(norm_type))
 
 
@@ -134,13 +193,15 @@ def check_clip_by_norm(
     op: str, tensors: Sequence[torch.Tensor], total_norm: torch.Tensor, max_norm: float, eps: float
 ) -> None:
     device = list_device(tensors, total_norm)
-    check_list(op, "tensors", tensors, device)
-    check_scalar(op, "total_norm", total_norm, device)
-    check_positive(op, "max_norm", float(max_norm))
+    check_list(op, "tensors", tensors, device, dense_ok=True)
+    check_norm_scalar(op, total_norm, device)
+    check_max_norm(op, float(max_norm))
     if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"{op}: eps must be finite and >= 0, got {eps}")
+        raise ValueError(f"{op}: eps must be finite and >= 0, got {num(eps)}")
 
 
 def check_clip_by_value(op: str, tensors: Sequence[torch.Tensor], clip_value: float) -> None:
-    check_list(op, "tensors", tensors, list_device(tensors))
-    check_positive(op, "clip_value", float(clip_value))
+    """0 zeroes, inf keeps, a negative value sets every element to it (torch.clamp); NaN is refused."""
+    check_list(op, "tensors", tensors, list_device(tensors), dense_ok=True)
+    if math.isnan(clip_value):
+        raise ValueError(f"{op}: clip_value must not be NaN, got {num(clip_value)}")

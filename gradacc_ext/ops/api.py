@@ -81,13 +81,15 @@ def _nothing() -> None:
     return None
 
 
-def _as_list(tensors: Iterable[torch.Tensor] | torch.Tensor, arg: str) -> list[torch.Tensor]:
+def _as_list(op: str, tensors: Iterable[torch.Tensor] | torch.Tensor, arg: str) -> list[torch.Tensor]:
     if isinstance(tensors, torch.Tensor):
         return [tensors]
     try:
-        return list(tensors)
+        out = list(tensors)
     except TypeError:
         raise TypeError(f"{arg} must be a tensor or a sequence of tensors, got {type(tensors).__name__}") from None
+    _checks.check_defined(op, arg, out)
+    return out
 
 
 def _split_scale(scale: float | torch.Tensor) -> tuple[float, torch.Tensor | None]:
@@ -110,7 +112,7 @@ def accumulate_(
     `scale` is a float or a one-element float32 tensor on the lists' device.
     """
     op = "gradacc.accumulate_"
-    bufs, grads = _as_list(bufs, "bufs"), _as_list(grads, "grads")
+    bufs, grads = _as_list(op, bufs, "bufs"), _as_list(op, grads, "grads")
     alpha, alpha_tensor = _split_scale(scale)
     device = _checks.list_device(bufs or grads, alpha_tensor)
 
@@ -140,7 +142,7 @@ def accumulate_final_(
     (never cleared), and norm_out receives the results' global norm.
     """
     op = "gradacc.accumulate_final_"
-    bufs, grads = _as_list(bufs, "bufs"), _as_list(grads, "grads")
+    bufs, grads = _as_list(op, bufs, "bufs"), _as_list(op, grads, "grads")
     alpha, alpha_tensor = _split_scale(scale)
     device = _checks.list_device(bufs or grads, norm_out)
 
@@ -161,13 +163,16 @@ def global_norm(
     per_tensor: bool = False,
     backend: Backend = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Global L2 or inf norm of a list as a 0-d float32 device tensor.
+    """Global p-norm of a list as a 0-d float32 device tensor, for any order
+    torch.linalg.vector_norm takes (0, 1, 2, inf and -inf are exact special
+    cases; another p goes through pow). The norm of nothing is 0.
 
+    Tensors may be contiguous or dense in another memory order (channels_last).
     Deterministic (bitwise-equal over runs), accumulated in fp32. With
     per_tensor=True returns (total, per_tensor_norms).
     """
     op = "gradacc.global_norm"
-    tensors = _as_list(tensors, "tensors")
+    tensors = _as_list(op, tensors, "tensors")
     device = _checks.list_device(tensors)
 
     def validate() -> None:
@@ -190,7 +195,7 @@ def unscale_(
 ) -> None:
     """tensors *= inv_scale; found_inf = 1 if any input is non-finite (fp32, fp16, bf16)."""
     op = "gradacc.unscale_"
-    tensors = _as_list(tensors, "tensors")
+    tensors = _as_list(op, tensors, "tensors")
     device = _checks.list_device(tensors, found_inf)
 
     def validate() -> None:
@@ -201,15 +206,22 @@ def unscale_(
 
 def clip_by_norm_(
     tensors: Iterable[torch.Tensor],
-    total_norm: torch.Tensor,
+    total_norm: torch.Tensor | float,
     max_norm: float,
     eps: float = DEFAULT_EPS,
     *,
     backend: Backend = "auto",
 ) -> None:
-    """tensors *= min(1, max_norm / (total_norm + eps)), the coefficient computed on the device."""
+    """tensors *= min(1, max_norm / (total_norm + eps)), the coefficient computed on the device in fp32.
+
+    total_norm is a one-element tensor of any float dtype or a Python number. max_norm=inf leaves the
+    tensors unchanged, max_norm=0 zeroes them (torch's semantics).
+    """
     op = "gradacc.clip_by_norm_"
-    tensors = _as_list(tensors, "tensors")
+    tensors = _as_list(op, tensors, "tensors")
+    if isinstance(total_norm, (int, float)):
+        # float64 keeps the number exact until the kernel rounds it, like a float64 tensor.
+        total_norm = torch.tensor(float(total_norm), dtype=torch.float64, device=_checks.list_device(tensors))
     device = _checks.list_device(tensors, total_norm)
 
     def validate() -> None:
@@ -228,8 +240,8 @@ def clip_grad_norm_(
     backend: Backend = "auto",
 ) -> torch.Tensor:
     """Global norm, then clip by it; returns the (pre-clip) norm. No host sync."""
-    tensors = _as_list(tensors, "tensors")
-    _checks.check_positive("gradacc.clip_grad_norm_", "max_norm", float(max_norm))
+    tensors = _as_list("gradacc.clip_grad_norm_", tensors, "tensors")
+    _checks.check_max_norm("gradacc.clip_grad_norm_", float(max_norm))
     total = global_norm(tensors, norm_type, backend=backend)
     clip_by_norm_(tensors, total, max_norm, eps, backend=backend)
     return total
@@ -241,9 +253,10 @@ def clip_by_value_(
     *,
     backend: Backend = "auto",
 ) -> None:
-    """tensors = clamp(tensors, -clip_value, clip_value); NaN stays NaN."""
+    """tensors = clamp(tensors, -clip_value, clip_value), torch.clamp's semantics: 0 zeroes, inf keeps, a
+    negative clip_value sets every element to it; NaN stays NaN."""
     op = "gradacc.clip_by_value_"
-    tensors = _as_list(tensors, "tensors")
+    tensors = _as_list(op, tensors, "tensors")
     device = _checks.list_device(tensors)
 
     def validate() -> None:

@@ -53,10 +53,18 @@ def _norm_of(values: Sequence[torch.Tensor], norm_type: float, dtype: torch.dtyp
     flat = torch.cat([v.reshape(-1).to(dtype) for v in values])
     if flat.numel() == 0:
         return torch.zeros((), dtype=dtype, device=device)
+    # amax/amin drop no NaN: a NaN anywhere makes the norm NaN, like the kernels.
     if norm_type == math.inf:
-        # amax drops no NaN: a NaN anywhere makes the norm NaN, like the kernels.
         return flat.abs().amax()
-    return flat.square().sum().sqrt()
+    if norm_type == -math.inf:
+        return flat.abs().amin()
+    if norm_type == 0:
+        return (flat != 0).sum().to(dtype)  # NaN != 0 counts, as in torch.linalg.vector_norm
+    if norm_type == 1:
+        return flat.abs().sum()
+    if norm_type == 2:
+        return flat.square().sum().sqrt()
+    return flat.abs().pow(norm_type).sum().pow(1.0 / norm_type)
 
 
 def accumulate_final_(
@@ -115,7 +123,8 @@ def clip_coefficient(total_norm: torch.Tensor, max_norm: float, eps: float) -> t
 
 
 def clip_by_norm_(tensors: Sequence[torch.Tensor], total_norm: torch.Tensor, max_norm: float, eps: float) -> None:
-    coef = clip_coefficient(total_norm, max_norm, eps)
+    # The kernels read a total_norm of any float dtype as fp32 (fp64 in the float64 oracle).
+    coef = clip_coefficient(total_norm.to(_compute_dtype(*tensors)), max_norm, eps)
     for t in tensors:
         dtype = _compute_dtype(t)
         # A coefficient of exactly 1 leaves every value unchanged, so no

@@ -1,0 +1,79 @@
+"""Mid-window checkpointing: the open window's buffers, normaliser, counters and loss scale.
+
+Save it with the model, optimizer and scheduler; loading it into an
+accumulator built the same way resumes the window exactly where it was.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .buffers import GradBuffers
+from .config import GradientAccumulationConfig
+from .loss_scale import LossScale
+from .stats import AccumulatorStats
+from .stepper import OptimizerStepper
+from .window import Window
+
+# 3: + the deferred (fused) step's outcome, saved instead of resolved; 2: per-parameter sums
+# (layout-free); 1: whole flat buffers. All still load.
+STATE_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+
+
+class Checkpoint:
+    """Reads and restores the state of one accumulator's collaborators."""
+
+    def __init__(
+        self,
+        config: GradientAccumulationConfig,
+        window: Window,
+        buffers: GradBuffers,
+        stats: AccumulatorStats,
+        loss_scale: LossScale | None,
+        stepper: OptimizerStepper,
+    ) -> None:
+        self.config = config
+        self.window = window
+        self.buffers = buffers
+        self.stats = stats
+        self.loss_scale = loss_scale
+        self.stepper = stepper
+
+    def state_dict(self) -> dict[str, Any]:
+        """Changes nothing: a pending scheduler decision is saved as it is, never taken here."""
+        return {
+            "version": STATE_VERSION,
+            "pending_step_skipped": self.stepper.pending_state(),
+            "accumulation_steps": self.config.accumulation_steps,
+            "loss_normalization": self.config.loss_normalization,
+            **self.window.state_dict(),
+            "buffers": self.buffers.state_dict(),
+            "stats": self.stats.counters(),
+            "loss_scale": self.loss_scale.state_dict() if self.loss_scale is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Checks everything before changing anything, so a rejected state leaves the accumulator as it was."""
+        if state.get("version") not in READABLE_VERSIONS:
+            raise ValueError(
+                f"GradientAccumulator.load_state_dict: unknown state version {state.get('version')!r}, "
+                f"expected one of {READABLE_VERSIONS}"
+            )
+        for key in ("accumulation_steps", "loss_normalization"):
+            mine = getattr(self.config, key)
+            if state[key] != mine:
+                raise ValueError(
+                    f"GradientAccumulator.load_state_dict: the state was saved with {key}={state[key]!r}, "
+                    f"this accumulator has {mine!r}"
+                )
+        if (state["loss_scale"] is None) != (self.loss_scale is None):
+            raise ValueError(
+                "GradientAccumulator.load_state_dict: the state and this accumulator disagree on fp16 loss scaling"
+            )
+        self.buffers.load_state_dict(state["buffers"])
+        self.window.load_state_dict(state)
+        self.stats.load_counters(state["stats"])
+        if self.loss_scale is not None:
+            self.loss_scale.load_state_dict(state["loss_scale"])
+        self.stepper.restore(state.get("pending_step_skipped"))

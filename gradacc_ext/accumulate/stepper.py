@@ -1,0 +1,106 @@
+"""The window's optimizer step, its skip on non-finite gradients, and the scheduler step it defers.
+
+Host syncs: per window, one (reading found_inf to skip a non-finite step)
+when skip_nonfinite is on and the optimizer is not fused; none with a fused
+optimizer (torch's Adam/AdamW/SGD with fused=True), which gets found_inf as
+a tensor and skips on the device. Then whether the window was skipped is
+read lazily: the scheduler step of window k (taken only if it was a real
+step) happens just before window k+1's optimizer step, or whenever the
+accumulator calls resolve() (flush, state_dict, synchronize, a stats read),
+so every optimizer step uses exactly the learning rate of the plain loop.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Any
+
+import torch
+
+from .stats import AccumulatorStats
+
+
+class _DeferredFlag:
+    """found_inf of a fused step, copied to the host without waiting; read when needed."""
+
+    def __init__(self, flag: torch.Tensor) -> None:
+        self._event: torch.cuda.Event | None = None
+        if flag.is_cuda:
+            self._host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
+            self._host.copy_(flag, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = flag.clone()
+
+    def get(self) -> bool:
+        if self._event is not None:
+            self._event.synchronize()  # waits for this copy only, long done by the next window
+        return bool(self._host.item())
+
+
+class OptimizerStepper:
+    """Steps the optimizer once per window (or skips it) and the scheduler once per real step."""
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, scheduler: Any | None, skip_nonfinite: bool, stats: AccumulatorStats
+    ) -> None:
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.skip_nonfinite = skip_nonfinite
+        self.stats = stats
+        # GradScaler's protocol: fused optimizers take found_inf (and grad_scale) as tensors.
+        self.fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and skip_nonfinite
+        self.pending: _DeferredFlag | None = None
+        self._restored = False
+        self.last_skipped: bool | None = None
+
+    def step(self, found_inf: torch.Tensor) -> None:
+        optimizer = self.optimizer
+        if self.fused:
+            self.resolve()
+            # The buffers are already unscaled: only found_inf, which makes the kernel skip on the device.
+            optimizer.grad_scale, optimizer.found_inf = None, found_inf
+            try:
+                optimizer.step()
+            finally:
+                del optimizer.grad_scale, optimizer.found_inf
+            self.pending = _DeferredFlag(found_inf)
+            return
+        skipped = self.skip_nonfinite and bool(found_inf.item())  # the window's one host sync
+        if not skipped:
+            optimizer.step()
+        self._record(skipped)
+
+    def resolve(self) -> None:
+        """Reads a deferred fused step's outcome (one host read): counts it, steps the scheduler if real."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self._record(pending.get())
+
+    def pending_state(self) -> bool | None:
+        """The deferred step's outcome (True: skipped), without acting on it; None when nothing is pending.
+
+        A checkpoint saves it instead of resolving it: resolving steps the
+        scheduler, whose state the caller has usually captured already.
+        """
+        return None if self.pending is None else self.pending.get()
+
+    def restore(self, pending: bool | None) -> None:
+        """Replaces the deferred outcome by a saved one (resolved, as in the saving run, at the next window)."""
+        self.pending = None if pending is None else _DeferredFlag(torch.tensor(float(pending)))
+        self.last_skipped = None
+        self._restored = pending is not None
+
+    def _record(self, skipped: bool) -> None:
+        self.last_skipped = skipped
+        self.stats.outcome(skipped)
+        restored, self._restored = self._restored, False
+        if not skipped and self.scheduler is not None:
+            with warnings.catch_warnings():
+                if restored:  # its optimizer step ran before the checkpoint, so torch's order check misfires
+                    warnings.filterwarnings(
+                        "ignore", message=re.escape("Detected call of `lr_scheduler.step()` before")
+                    )
+                self.scheduler.step()

@@ -1,0 +1,70 @@
+"""The benchmark's timing (torch.utils.benchmark.Timer), its roofline and its quiet profiler."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gradacc_ext.benchmarking import timing
+
+FAST = timing.TimingConfig(threshold=0.5, min_time_s=0.0, max_time_s=0.01)
+
+
+def test_rotating_visits_every_input_in_turn():
+    seen: list[int] = []
+    fn = timing.rotating(seen.append, [0, 1, 2])
+    for _ in range(7):
+        fn()
+    assert seen == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_measure_calibrates_blocks_and_summarizes():
+    x = torch.randn(4096)
+    m = timing.measure(lambda: x.mul_(1.0001), FAST)
+    stats = timing.summarize(m)
+    assert stats["calls_per_block"] >= 1 and stats["blocks"] >= 1
+    assert 0 < stats["best_s"] <= stats["median_s"]
+    assert stats["spread"] == pytest.approx(m.iqr / m.median)
+
+
+def test_measure_sets_the_thread_count_only_while_timing():
+    before = torch.get_num_threads()
+    inside: list[int] = []
+    timing.measure(lambda: inside.append(torch.get_num_threads()), timing.TimingConfig(0.5, 0.0, 0.01, threads=1))
+    assert set(inside) == {1} and torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize(
+    "bad", [{"threshold": 0.0}, {"min_time_s": 2.0, "max_time_s": 1.0}, {"min_time_s": -1.0}, {"threads": 0}]
+)
+def test_timing_config_rejects_bad_values(bad):
+    with pytest.raises(ValueError, match="invalid timing config"):
+        timing.TimingConfig(**bad)
+
+
+def test_roofline_is_the_fastest_stream_over_every_sample():
+    roofline = timing.Roofline(torch.device("cpu"), 1 << 20, threads=1)
+    assert 4 * (roofline.src.numel() + roofline.dst.numel()) == (1 << 20) // 2  # half the bytes the sets move
+    before = roofline.dst.clone()
+    samples = [roofline.sample(), roofline.sample()]
+    assert roofline.gbps == max(max(s.values()) for s in samples)
+    assert all(set(s) == {"copy_gbps", "inplace_gbps"} and min(s.values()) > 0 for s in samples)
+    assert torch.allclose(roofline.dst, roofline.src, rtol=1e-5)  # the adds of 1e-30 * src leave dst = src
+    assert not torch.equal(before, roofline.dst) and bool(roofline.dst.isfinite().all())
+
+
+def test_counting_ops_prints_nothing_on_stderr(capfd):
+    xs = [torch.randn(5) for _ in range(3)]
+    count, unit = timing.count_launches(lambda: torch._foreach_add_(xs, 1.0), torch.device("cpu"))
+    _, err = capfd.readouterr()
+    assert count >= 1 and unit == "dispatched ops"
+    assert err == ""  # the profiler's USDT start/stop lines go to fd 2; they must be dropped
+
+
+def test_a_cell_above_the_roofline_shows_no_percentage():
+    from gradacc_ext.benchmarking import report
+
+    cell = {"workload": "w", "op": "norm", "impl": "gradacc", "median_s": 1e-3, "spread": 0.5, "gbps": 9.0,
+            "pct_copy": None, "host_sync": "n/a", "first_call_s": 0.0}  # fmt: skip
+    row = report.results_table({"meta": {"device": "cpu"}, "cells": [cell]})[-1]
+    assert report.OVER_ROOFLINE in row and "%" not in row.replace("50.0%", "")
