@@ -1,10 +1,12 @@
 """Choosing micro-batch size and accumulation steps for a target effective batch; LR scaling.
 
-plan_accumulation takes the fewest accumulation steps that keep the
-micro-batch within max_micro_batch_size (fewer, larger micro-batches run
-faster), then the micro-batch that brings the effective batch closest to the
-target. When the target is not a multiple of steps * world_size it cannot be
-met exactly; the plan says by how much it misses and why, in `note`.
+plan_accumulation prefers an exact plan (micro * steps * world_size ==
+target): among step counts whose micro-batch stays within
+max_micro_batch_size and is at least half of it (so exactness never costs
+more than about twice the micro-steps of the fastest plan), the fewest steps
+that divide the target exactly. Only when no such plan exists does it take
+the fewest steps that fit and round the micro-batch; that plan says in
+`note` how far it misses the target and why.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ class AccumulationPlan:
     effective_batch_size: int
     note: str
 
+    @property
+    def exact(self) -> bool:
+        """Whether the plan meets the target exactly."""
+        return self.effective_batch_size == self.target_batch_size
+
     def config(self, **options) -> GradientAccumulationConfig:
         """A GradientAccumulationConfig for this plan (other fields from `options`)."""
         return GradientAccumulationConfig(
@@ -70,7 +77,8 @@ def plan_accumulation(
             f"{func}: target_batch_size={target} is smaller than world_size={world}; every rank needs at least one "
             "item per step"
         )
-    steps = math.ceil(target / (limit * world))
+    fewest = math.ceil(target / (limit * world))
+    steps = _fewest_exact_steps(target, limit, world, fewest) or fewest
     per_step = steps * world
     # high <= limit by the choice of steps; low is at least 1 (an empty micro-batch is no plan).
     low, high = max(target // per_step, 1), math.ceil(target / per_step)
@@ -83,12 +91,24 @@ def plan_accumulation(
         note = f"exact: {micro} per micro-batch x {steps} steps x {world} ranks = {target}"
     else:
         note = (
-            f"target {target} is not a multiple of steps x ranks = {per_step}, so it cannot be met exactly with "
-            f"{steps} steps (the fewest that keep micro-batches <= {limit}); rounding {rounding!r}: "
+            f"inexact: target {target} is not a multiple of steps x ranks = {per_step}, and no step count keeps "
+            f"micro-batches between {(limit + 1) // 2} and {limit} exactly; with {steps} steps (the fewest that "
+            f"fit), rounding {rounding!r}: "
             f"{micro} per micro-batch gives {effective} ({effective - target:+d}, "
             f"{100 * (effective - target) / target:+.1f}%)"
         )
     return AccumulationPlan(target, micro, steps, world, effective, note)
+
+
+def _fewest_exact_steps(target: int, limit: int, world: int, fewest: int) -> int | None:
+    """The fewest steps >= fewest giving an exact plan with a micro-batch in [ceil(limit / 2), limit], or None."""
+    floor = (limit + 1) // 2
+    steps = fewest
+    while target / (steps * world) >= floor:
+        if target % (steps * world) == 0:
+            return steps
+        steps += 1
+    return None
 
 
 def probe_max_micro_batch_size(

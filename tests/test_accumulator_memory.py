@@ -243,7 +243,7 @@ def test_bad_input_names_the_field_and_writes_nothing():
     cpu.grad = torch.randn(3)
     before = cpu.grad.clone()
     with pytest.raises(ValueError, match="one device"):
-        GradientAccumulator([cpu, meta], torch.optim.SGD([cpu], lr=0.1), GradientAccumulationConfig(2))
+        GradientAccumulator([cpu, meta], torch.optim.SGD([cpu, meta], lr=0.1), GradientAccumulationConfig(2))
     assert hook_count(cpu) == 0 and torch.equal(cpu.grad, before)
 
 

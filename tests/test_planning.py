@@ -31,6 +31,10 @@ PLANS = [
     ((10, 3, 2, "up"), (3, 2, 12)),
     ((5, 1, 4, "down"), (1, 2, 8)),  # rounding down would leave an empty micro-batch
     ((1, 1, 1, "nearest"), (1, 1, 1)),
+    ((512, 12, 4, "nearest"), (8, 16, 512)),  # exact beats the fewest steps (11 x 12 x 4 = 528)
+    ((256, 12, 4, "nearest"), (8, 8, 256)),  # not 6 x 11 x 4 = 264
+    ((96, 10, 1, "nearest"), (8, 12, 96)),  # the fewest steps (10) give 100; 12 x 8 is exact
+    ((97, 8, 1, "nearest"), (7, 13, 91)),  # prime: the only exact plan (97 x 1) is below half the limit
 ]
 
 
@@ -41,11 +45,19 @@ def test_plan_table(args, expected):
     assert (plan.micro_batch_size, plan.accumulation_steps, plan.effective_batch_size) == expected
     assert plan.micro_batch_size <= limit
     assert plan.effective_batch_size == plan.micro_batch_size * plan.accumulation_steps * world
-    assert plan.accumulation_steps == math.ceil(target / (limit * world))  # the fewest steps that fit
-    if plan.effective_batch_size == target:
+    fewest = math.ceil(target / (limit * world))
+    exact_steps = [
+        s
+        for s in range(fewest, target + 1)
+        if target % (s * world) == 0 and (limit + 1) // 2 <= target // (s * world) <= limit
+    ]
+    # The fewest steps giving an exact plan with a micro-batch of at least half the limit, else the fewest that fit.
+    assert plan.accumulation_steps == (exact_steps[0] if exact_steps else fewest)
+    assert plan.exact == (plan.effective_batch_size == target)
+    if plan.exact:
         assert plan.note.startswith("exact")
     else:
-        assert "not a multiple" in plan.note and f"{plan.effective_batch_size - target:+d}" in plan.note
+        assert plan.note.startswith("inexact") and f"{plan.effective_batch_size - target:+d}" in plan.note
     if rounding == "up":
         assert plan.effective_batch_size >= target
 
@@ -122,7 +134,7 @@ def test_lr_scaling_bad_input(args):
         (dict(accumulation_steps=True), "accumulation_steps must be an integer >= 1"),
         (dict(target_batch_size=100, micro_batch_size=32), "nearest achievable effective batches are 96"),
         (dict(accumulation_steps=2, target_batch_size=64, micro_batch_size=16), "gives an effective batch of 32"),
-        (dict(accumulation_steps=2, max_grad_norm=0.0), "max_grad_norm must be a finite number > 0"),
+        (dict(accumulation_steps=2, max_grad_norm=-0.5), "max_grad_norm must be a finite number > 0"),
         (dict(accumulation_steps=2, norm_type=1.0), "norm_type must be 2.0 or math.inf"),
         (dict(accumulation_steps=2, clip_value=-1.0), "clip_value must be"),
         (dict(accumulation_steps=2, mixed_precision=True), "mixed_precision must be one of"),

@@ -12,7 +12,8 @@ GradHooks (folds gradients into it in buckets while backward runs), Window (norm
 WindowEnd (normalise, unscale, check, clip) with OptimizerStepper (step, deferred scheduler step),
 Checkpoint and StatsReport. It owns hooks on its parameters: use it as a context manager or call
 close() (garbage collection removes them too). Two-phase construction: __init__ keeps the config,
-_attach() does everything that needs the model and optimizer.
+_attach() does everything that needs the model and optimizer: GradientAccumulator(config), the
+guides' form, is attached later by attach(model, optimizer).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from .buffers import GradBuffers
 from .checkpoint import Checkpoint
 from .config import GradientAccumulationConfig
 from .hooks import GradHooks
+from .loss_checks import MigrationChecks
 from .loss_scale import LossScale
-from .params import trainable
+from .params import check_optimizer, trainable
 from .reports import StatsReport, check_same_objects
 from .stats import AccumulatorStats, StepInfo
 from .stepper import OptimizerStepper
@@ -43,9 +45,12 @@ LossFn = Callable[[Any, Any], "torch.Tensor | tuple[torch.Tensor, int | torch.Te
 class GradientAccumulator:
     """Runs micro-batches and steps the optimizer (and scheduler) once per window.
 
+    GradientAccumulator(model, optimizer, config, scheduler=None, scaler=None),
+    or GradientAccumulator(config) and attach(model, optimizer, ...) later.
     model_or_params: the model (an nn.Module, possibly DDP- or FSDP2-wrapped)
       or an iterable of parameters; frozen parameters are ignored.
-    optimizer: any torch.optim.Optimizer over these parameters.
+    optimizer: any torch.optim.Optimizer over these parameters (one that holds
+      none of them is an error, one that holds only some a warning).
     scheduler: stepped once per real optimizer step (never on skipped ones).
     scaler: a torch.amp.GradScaler for mixed_precision="fp16" (one is created
       from the config when omitted).
@@ -53,19 +58,50 @@ class GradientAccumulator:
 
     def __init__(
         self,
-        model_or_params: torch.nn.Module | Any,
-        optimizer: torch.optim.Optimizer,
-        config: GradientAccumulationConfig,
+        model_or_params: torch.nn.Module | Any | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        config: GradientAccumulationConfig | None = None,
         scheduler: Any | None = None,
         scaler: torch.amp.GradScaler | None = None,
     ) -> None:
+        if isinstance(model_or_params, GradientAccumulationConfig) and config is None:
+            model_or_params, config = None, model_or_params  # GradientAccumulator(config), the guides' form
         if not isinstance(config, GradientAccumulationConfig):
             raise TypeError(f"GradientAccumulator: config must be a GradientAccumulationConfig, got {type(config)}")
         self.config = config
+        self.attached = False
         self._in_micro_step = False
         self._backward_done = False
         self._last_backpropagated: torch.Tensor | None = None
+        if model_or_params is not None or optimizer is not None:
+            self.attach(model_or_params, optimizer, scheduler, scaler)
+        elif scheduler is not None or scaler is not None:
+            raise TypeError("GradientAccumulator: scheduler and scaler are given with the model and optimizer")
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for a missing attribute: before attach(), that is one _attach() sets.
+        if not name.startswith("__") and self.__dict__.get("attached") is False:
+            raise AttributeError(
+                f"GradientAccumulator.{name}: the accumulator has no model and optimizer yet; give them with "
+                "attach(model, optimizer) or GradientAccumulator(model, optimizer, config)"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def attach(
+        self,
+        model_or_params: torch.nn.Module | Any,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
+        """Gives an accumulator built as GradientAccumulator(config) its model and optimizer (once)."""
+        if self.attached:
+            raise RuntimeError("GradientAccumulator.attach: the accumulator already has its model and optimizer")
+        for name, value in (("model_or_params", model_or_params), ("optimizer", optimizer)):
+            if value is None:
+                raise TypeError(f"GradientAccumulator: {name} is missing (give the model and the optimizer together)")
         self._attach(model_or_params, optimizer, scheduler, scaler)
+        self.attached = True
 
     def _attach(
         self,
@@ -80,8 +116,11 @@ class GradientAccumulator:
         if scheduler is not None and not callable(getattr(scheduler, "step", None)):
             raise TypeError(f"GradientAccumulator: scheduler must have a step() method, got {type(scheduler)}")
         c = self.config
-        self.module, self.params = trainable(model_or_params)
+        module, params = trainable(model_or_params)
+        check_optimizer(module, params, optimizer)  # before anything is set: a refused pair leaves no trace
+        self.module, self.params = module, params
         self.optimizer, self.scheduler = optimizer, scheduler
+        self._checks = MigrationChecks(c)
         self._buffers = GradBuffers(self.params, c.accum_dtype, c.backend, release=c.release_buffers)
         self.device = self._buffers.device
         self._sync = grad_sync_for(self.module)
@@ -99,7 +138,8 @@ class GradientAccumulator:
 
     def close(self) -> None:
         """Removes the hooks: the parameters get plain .grad behaviour again. Does not apply the open window."""
-        self._hooks.close()
+        if self.attached:  # an accumulator never attached has no hooks
+            self._hooks.close()
 
     def __enter__(self) -> GradientAccumulator:
         return self
@@ -161,6 +201,7 @@ class GradientAccumulator:
         if self._in_micro_step and self._backward_done:
             raise RuntimeError("GradientAccumulator.backward: called twice inside one micro_step()")
         check_loss(loss)
+        self._checks(loss, self._in_micro_step)
         weight, count = self._window.weight(num_items)
         return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=True)
 
@@ -240,6 +281,13 @@ class GradientAccumulator:
         """Resolve a deferred fused step: count it and step the scheduler if it was real (one host read)."""
         self._stepper.resolve()
 
+    def discard_window(self) -> None:
+        """Drops the open window's gradients without an optimizer step (after an error mid-window)."""
+        if self._in_micro_step:
+            raise RuntimeError("GradientAccumulator.discard_window: called inside micro_step()")
+        self._buffers.release()
+        self._window.reset()
+
     def _drop_grads(self) -> None:
         for p in self.params:
             p.grad = None
@@ -294,9 +342,18 @@ class GradientAccumulator:
         """Compatibility entry point of the guides: backward(loss, num_items) plus a stats dict.
 
         model/optimizer/scaler may be passed as in the guides' call shape; each
-        must be the object this accumulator was built with.
+        must be the object this accumulator was built with (any disabled scaler
+        is accepted: no loss scaling). gradacc_ext.compat.GradientAccumulator
+        also takes seed 001's order and attaches on the first call.
         """
+        if isinstance(loss, torch.nn.Module):
+            raise TypeError(
+                "GradientAccumulator.accumulate_gradients: the first argument is a model; this is the (loss, model, "
+                "optimizer, scaler) order. gradacc_ext.compat.GradientAccumulator takes both orders"
+            )
         own_scaler = self._loss_scale.scaler if self._loss_scale is not None else None
+        if scaler is not None and own_scaler is None and not scaler.is_enabled():
+            scaler = None
         check_same_objects(
             model=(model, self.module), optimizer=(optimizer, self.optimizer), scaler=(scaler, own_scaler)
         )

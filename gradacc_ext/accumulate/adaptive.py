@@ -78,9 +78,9 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
 
     def __init__(
         self,
-        model_or_params: torch.nn.Module | Any,
-        optimizer: torch.optim.Optimizer,
-        config: GradientAccumulationConfig,
+        model_or_params: torch.nn.Module | Any | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        config: GradientAccumulationConfig | None = None,
         scheduler: Any | None = None,
         scaler: torch.amp.GradScaler | None = None,
         *,
@@ -96,7 +96,7 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
             ):
                 raise ValueError(f"AdaptiveGradientAccumulator: {name} must be an integer >= 1, got {value!r}")
         super().__init__(model_or_params, optimizer, config, scheduler, scaler)
-        self.micro_batch_size = micro_batch_size if micro_batch_size is not None else config.micro_batch_size
+        self.micro_batch_size = micro_batch_size if micro_batch_size is not None else self.config.micro_batch_size
         self.min_micro_batch_size = min_micro_batch_size
         self.adaptation_history: list[dict[str, int]] = []
 

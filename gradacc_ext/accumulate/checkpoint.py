@@ -15,8 +15,10 @@ from .stats import AccumulatorStats
 from .stepper import OptimizerStepper
 from .window import Window
 
-STATE_VERSION = 2  # 2: per-parameter sums (layout-free); 1: whole flat buffers, which still load
-READABLE_VERSIONS = (1, 2)
+# 3: + the deferred (fused) step's outcome, saved instead of resolved; 2: per-parameter sums
+# (layout-free); 1: whole flat buffers. All still load.
+STATE_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 
 class Checkpoint:
@@ -39,9 +41,10 @@ class Checkpoint:
         self.stepper = stepper
 
     def state_dict(self) -> dict[str, Any]:
-        self.stepper.resolve()
+        """Changes nothing: a pending scheduler decision is saved as it is, never taken here."""
         return {
             "version": STATE_VERSION,
+            "pending_step_skipped": self.stepper.pending_state(),
             "accumulation_steps": self.config.accumulation_steps,
             "loss_normalization": self.config.loss_normalization,
             **self.window.state_dict(),
@@ -73,4 +76,4 @@ class Checkpoint:
         self.stats.load_counters(state["stats"])
         if self.loss_scale is not None:
             self.loss_scale.load_state_dict(state["loss_scale"])
-        self.stepper.forget()
+        self.stepper.restore(state.get("pending_step_skipped"))

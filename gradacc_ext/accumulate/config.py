@@ -15,10 +15,19 @@ from typing import Any, Literal
 import torch
 
 MixedPrecision = Literal["no", "fp16", "bf16"]
-LossNormalization = Literal["mean", "sum"]
+LossNormalization = Literal["mean", "sum", "none"]
 
 MIXED_PRECISION = ("no", "fp16", "bf16")
-LOSS_NORMALIZATION = ("mean", "sum")
+# Other spellings users bring (torch dtypes, Lightning/nanoGPT names), read as the canonical ones.
+MIXED_PRECISION_SPELLINGS = {
+    torch.float32: "no",
+    "float32": "no",
+    torch.bfloat16: "bf16",
+    "bfloat16": "bf16",
+    torch.float16: "fp16",
+    "float16": "fp16",
+}
+LOSS_NORMALIZATION = ("mean", "sum", "none")
 BACKENDS = ("auto", "ext", "torch")
 ACCUM_DTYPES = (torch.float32, None)
 
@@ -51,13 +60,16 @@ class GradientAccumulationConfig:
         None and give target_batch_size and micro_batch_size (and world_size):
         the steps are target / (micro * world), which must be an integer.
     Clipping (on the fully accumulated, unscaled gradient, once per window)
-      max_grad_norm: clip the global norm to this (None: no norm clipping);
+      max_grad_norm: clip the global norm to this (None or 0.0: no norm clipping,
+        0.0 being nanoGPT's and HF Trainer's spelling of "off");
       norm_type: 2.0 or inf, for clipping and for the recorded grad norm;
       clip_value: clamp every gradient element to [-clip_value, clip_value]
         (applied after norm clipping when both are set).
     Precision
       mixed_precision: "no", "bf16" (autocast, no loss scaling) or "fp16"
         (autocast plus dynamic loss scaling through a torch.amp.GradScaler);
+        torch.float32/bfloat16/float16 and "float32"/"bfloat16"/"float16"
+        are read as "no"/"bf16"/"fp16";
       accum_dtype: torch.float32 (default) accumulates fp16/bf16 parameters'
         gradients in fp32 buffers; None accumulates in each parameter's dtype;
       init_scale, growth_factor, backoff_factor, growth_interval: the loss
@@ -69,7 +81,10 @@ class GradientAccumulationConfig:
       "sum": each micro-batch loss is a SUM over its items (tokens) and
         backward() must get `num_items`; the window gradient is divided by
         the total item count of the window across all ranks (the
-        full-batch token mean, even with padding and variable lengths).
+        full-batch token mean, even with padding and variable lengths);
+      "none": the loss is already divided by the caller (a loop that keeps
+        `loss = loss / accumulation_steps`): the window's gradient is the
+        plain sum of the micro-batch gradients, nothing more is divided.
     Steps
       skip_nonfinite: skip the optimizer (and scheduler) step when the
         accumulated gradient holds inf/NaN. Always on for fp16. Costs one host
@@ -121,12 +136,16 @@ class GradientAccumulationConfig:
         _positive_int("target_batch_size", self.target_batch_size, allow_none=True)
         _positive_int("micro_batch_size", self.micro_batch_size, allow_none=True)
         self._derive_steps()
-        _positive_float("max_grad_norm", self.max_grad_norm)
+        if self.max_grad_norm == 0 and not isinstance(self.max_grad_norm, bool):
+            self.max_grad_norm = None
+        _positive_float("max_grad_norm", self.max_grad_norm)  # 0.0 was turned into None (off) above
         _positive_float("clip_value", self.clip_value)
         if isinstance(self.norm_type, bool) or self.norm_type not in (2, 2.0, math.inf):
             raise ValueError(f"GradientAccumulationConfig.norm_type must be 2.0 or math.inf, got {self.norm_type!r}")
         self.norm_type = float(self.norm_type)
-        _choice("mixed_precision", self.mixed_precision, MIXED_PRECISION)
+        if isinstance(self.mixed_precision, (str, torch.dtype)):
+            self.mixed_precision = MIXED_PRECISION_SPELLINGS.get(self.mixed_precision, self.mixed_precision)
+        _choice("mixed_precision", self.mixed_precision, MIXED_PRECISION + tuple(MIXED_PRECISION_SPELLINGS))
         if self.accum_dtype not in ACCUM_DTYPES:
             raise ValueError(
                 f"GradientAccumulationConfig.accum_dtype must be torch.float32 or None (the parameter's dtype), "

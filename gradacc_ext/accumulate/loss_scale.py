@@ -10,9 +10,21 @@ private attributes.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 import torch
 
 from .config import GradientAccumulationConfig
+
+log = logging.getLogger("gradacc_ext")
+# config field -> the GradScaler's value of it
+_SCALER_SETTINGS = {
+    "init_scale": lambda s: s._init_scale,  # no public getter that does not sync
+    "growth_factor": lambda s: s.get_growth_factor(),
+    "backoff_factor": lambda s: s.get_backoff_factor(),
+    "growth_interval": lambda s: s.get_growth_interval(),
+}
 
 
 class LossScale:
@@ -27,10 +39,18 @@ class LossScale:
     def for_config(
         cls, config: GradientAccumulationConfig, scaler: torch.amp.GradScaler | None, device: torch.device
     ) -> LossScale | None:
-        """The loss scale of mixed_precision='fp16' (the given scaler, or one made from the config); else None."""
+        """The loss scale of mixed_precision='fp16' (the given scaler, or one made from the config); else None.
+
+        A disabled scaler (GradScaler(enabled=False), or any GradScaler on a
+        machine without its device, as nanoGPT builds one) means "no loss
+        scaling", in every mode; one log line says so.
+        """
         mode = config.mixed_precision
         if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
             raise TypeError(f"GradientAccumulator: scaler must be a torch.amp.GradScaler, got {type(scaler)}")
+        if scaler is not None and not scaler.is_enabled():
+            log.info("GradientAccumulator: the GradScaler passed is disabled (enabled=False): no loss scaling")
+            return None
         if mode != "fp16":
             if scaler is not None:
                 raise ValueError(
@@ -46,6 +66,7 @@ class LossScale:
                 backoff_factor=config.backoff_factor,
                 growth_interval=config.growth_interval,
             )
+        _check_settings(config, scaler)
         return cls(scaler)
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
@@ -66,6 +87,18 @@ class LossScale:
 
     def load_state_dict(self, state: dict) -> None:
         self.scaler.load_state_dict(state)
+
+
+def _check_settings(config: GradientAccumulationConfig, scaler: torch.amp.GradScaler) -> None:
+    """A config field set away from its default must agree with the scaler given, or it would be ignored."""
+    defaults = {f.name: f.default for f in dataclasses.fields(GradientAccumulationConfig)}
+    for name, read in _SCALER_SETTINGS.items():
+        mine, theirs = getattr(config, name), read(scaler)
+        if mine != defaults[name] and mine != theirs:
+            raise ValueError(
+                f"GradientAccumulator: the GradScaler passed has {name}={theirs!r} but config.{name}={mine!r}; "
+                f"drop config.{name} (the scaler's settings are used) or make them agree"
+            )
 
 
 def _scale_tensor(scaler: torch.amp.GradScaler) -> torch.Tensor | None:

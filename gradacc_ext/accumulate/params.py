@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -29,3 +30,29 @@ def trainable(model_or_params: torch.nn.Module | Any) -> tuple[torch.nn.Module |
     if not trainable_params:
         raise ValueError("GradientAccumulator: no trainable parameters (all have requires_grad=False)")
     return module, trainable_params
+
+
+def check_optimizer(module: torch.nn.Module | None, params: list[torch.nn.Parameter], optimizer) -> None:
+    """The optimizer must hold the trainable parameters: none of them is an error (the model would never
+    train), some of them a warning (the others accumulate gradients that no step uses)."""
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    missing = [p for p in params if id(p) not in held]
+    if not missing:
+        return
+    names = {id(p): f"#{i}" for i, p in enumerate(params)}
+    names.update({id(p): n for n, p in module.named_parameters()} if module is not None else {})
+    what = "the model" if module is not None else "model_or_params"
+    if len(missing) == len(params):
+        raise ValueError(
+            f"GradientAccumulator: the optimizer holds none of the {len(params)} trainable parameters of {what} "
+            f"(it holds {len(held)} other tensors); build it over the same parameters, e.g. "
+            "torch.optim.AdamW(model.parameters())"
+        )
+    listed = ", ".join(names[id(p)] for p in missing[:5])
+    warnings.warn(
+        f"GradientAccumulator: {len(missing)} of the {len(params)} trainable parameters of {what} are not in the "
+        f"optimizer ({listed}{', ...' if len(missing) > 5 else ''}): they accumulate gradients that no optimizer "
+        "step uses. Freeze them (requires_grad_(False)) or add them to the optimizer",
+        UserWarning,
+        stacklevel=5,  # the user line of the usual GradientAccumulator(model, optimizer, config) call
+    )

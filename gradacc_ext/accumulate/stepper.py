@@ -12,6 +12,8 @@ so every optimizer step uses exactly the learning rate of the plain loop.
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +54,7 @@ class OptimizerStepper:
         # GradScaler's protocol: fused optimizers take found_inf (and grad_scale) as tensors.
         self.fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and skip_nonfinite
         self.pending: _DeferredFlag | None = None
+        self._restored = False
         self.last_skipped: bool | None = None
 
     def step(self, found_inf: torch.Tensor, run: Callable[[torch.Tensor | None], None] | None = None) -> None:
@@ -87,12 +90,28 @@ class OptimizerStepper:
             pending, self.pending = self.pending, None
             self._record(pending.get())
 
-    def forget(self) -> None:
-        """Drops the deferred outcome (a checkpoint load replaces the counters it would update)."""
-        self.pending, self.last_skipped = None, None
+    def pending_state(self) -> bool | None:
+        """The deferred step's outcome (True: skipped), without acting on it; None when nothing is pending.
+
+        A checkpoint saves it instead of resolving it: resolving steps the
+        scheduler, whose state the caller has usually captured already.
+        """
+        return None if self.pending is None else self.pending.get()
+
+    def restore(self, pending: bool | None) -> None:
+        """Replaces the deferred outcome by a saved one (resolved, as in the saving run, at the next window)."""
+        self.pending = None if pending is None else _DeferredFlag(torch.tensor(float(pending)))
+        self.last_skipped = None
+        self._restored = pending is not None
 
     def _record(self, skipped: bool) -> None:
         self.last_skipped = skipped
         self.stats.outcome(skipped)
+        restored, self._restored = self._restored, False
         if not skipped and self.scheduler is not None:
-            self.scheduler.step()
+            with warnings.catch_warnings():
+                if restored:  # its optimizer step ran before the checkpoint, so torch's order check misfires
+                    warnings.filterwarnings(
+                        "ignore", message=re.escape("Detected call of `lr_scheduler.step()` before")
+                    )
+                self.scheduler.step()

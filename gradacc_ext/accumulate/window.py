@@ -32,6 +32,13 @@ class Window:
 
     def weight(self, num_items: int | torch.Tensor | None) -> tuple[float | torch.Tensor, float | torch.Tensor]:
         """(weight of this micro-step's gradient, its contribution to the window's normaliser)."""
+        if self.mode == "none":
+            if num_items is not None:
+                raise ValueError(
+                    "GradientAccumulator.backward: num_items cannot be given with loss_normalization='none' (the "
+                    "losses are already divided by the caller and nothing is divided again)"
+                )
+            return 1.0, 1.0
         if num_items is None:
             if self.mode == "sum":
                 raise ValueError(
@@ -80,8 +87,10 @@ class Window:
             self.count_host += count
 
     def count(self) -> torch.Tensor:
-        """The window's normaliser as a float64 device tensor of shape (1,)."""
-        count = torch.full((1,), self.count_host, dtype=torch.float64, device=self.device)
+        """The window's normaliser as a float64 device tensor of shape (1,) (1 in "none" mode)."""
+        count = torch.full(
+            (1,), 1.0 if self.mode == "none" else self.count_host, dtype=torch.float64, device=self.device
+        )
         return count if self.count_dev is None else count + self.count_dev
 
     # -- checkpointing ----------------------------------------------------------------------------------------------

@@ -25,6 +25,9 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int_at_least(1), metavar="N", default=d.steps, help="optimizer steps")
     p.add_argument("--lr", type=float_above(0), metavar="X", default=d.lr, help="peak AdamW learning rate")
     p.add_argument("--amp", choices=("no", "fp16", "bf16"), default=d.amp, help="autocast precision")
+    p.add_argument(
+        "--use-amp", dest="amp", action="store_const", const="fp16", help="the guides' spelling of --amp fp16"
+    )
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument(
         "--max-grad-norm",
