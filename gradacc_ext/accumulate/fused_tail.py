@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.optim.optimizer as optimizer_module
 
 from ..ops import DEFAULT_EPS, adamw_step_, sgd_step_
 from ..optim import FusedAdamW, FusedSGD
@@ -29,6 +30,9 @@ log = logging.getLogger("gradacc_ext")
 def unsupported_reason(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter]) -> str | None:
     """Why `optimizer` cannot take the fused step over `params` (None: it can)."""
     name = type(optimizer).__name__
+    hooks = optimizer_module._global_optimizer_pre_hooks, optimizer_module._global_optimizer_post_hooks
+    if optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks or any(hooks):
+        return "optimizer step hooks are registered (the fused pass does not call optimizer.step())"
     if isinstance(optimizer, (FusedAdamW, FusedSGD)):
         if optimizer.max_grad_norm is not None:
             return f"{name}(max_grad_norm=...) clips inside its own step; set the config's max_grad_norm instead"
@@ -99,11 +103,15 @@ class FusedTail:
 
     # -- the step ----------------------------------------------------------------------------------------------------
 
+    @torch.no_grad()
     def step(self, grad_mult: torch.Tensor | None, found_inf: torch.Tensor | None) -> None:
         """One fused step of every param group over the window's gradients."""
         b = self.buffers
         grads = {p: b.views[i] for p, i in self.index.items() if b.seen[i]}
         opt = self.optimizer
+        # What torch's LR schedulers' wrapper of optimizer.step() records: a step was taken, so a
+        # scheduler step after it is in the right order (no "lr_scheduler.step() before" warning).
+        opt._opt_called = True
         if isinstance(opt, (FusedAdamW, FusedSGD)):
             opt.step_grads(grads, grad_mult, found_inf)
             self.calls += 1
