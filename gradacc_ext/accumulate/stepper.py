@@ -59,6 +59,7 @@ class OptimizerStepper:
 
     def step(self, found_inf: torch.Tensor, run: Callable[[torch.Tensor | None], None] | None = None) -> None:
         """Steps once. run(found_inf or None): a step that skips on the device itself (the fused tail)."""
+        self.resolve()  # the scheduler's deferred step first: this step uses the lr it sets
         if run is None and self.fused:
             run = self._torch_fused_step
         if run is not None:
@@ -66,7 +67,6 @@ class OptimizerStepper:
                 run(None)
                 self._record(False)
                 return
-            self.resolve()  # the scheduler's deferred step first: run() reads this step's lr
             run(found_inf)
             self.pending = _DeferredFlag(found_inf)
             return
