@@ -35,7 +35,7 @@ def test_nearest_rounds_the_fp32_update(device, backend, gen, dtype):
 
 @pytest.mark.parametrize("dtype", LOW, ids=name)
 def test_master_weights_step_like_fp32_params(device, backend, gen, dtype):
-    """ "master": the float32 masters take the float32 step and the params are their rounding."""
+    """"master": the float32 masters take the float32 step and the params are their rounding."""
     x = make_inputs(SIZES, dtype, device, gen, grad_dtype=torch.float32, masters=True)
     wide = x.clone()
     wide.params, wide.master_params = [m.clone() for m in x.master_params], []

@@ -39,7 +39,7 @@ def header(results: dict) -> list[str]:
         f"gradacc backend on this device: {meta['gradacc_backend']} ({meta['gradacc_backend_reason']}).",
         f"Roofline: {copy['gbps']:.2f} GB/s, the fastest call of two fp32 streams over {copy['bytes'] / 2**20:.0f} MiB "
         "(dst.copy_(src) charged 8 B/element, the in-place dst.add_(src) 12 B), sampled at the start and after "
-        f'every cell; % copy = a cell\'s median GB/s / the roofline ("{OVER_ROOFLINE}": the cell was timed '
+        f"every cell; % copy = a cell's median GB/s / the roofline (\"{OVER_ROOFLINE}\": the cell was timed "
         "in a quieter moment than every sample, so its figure says more about the machine's load than the op).",
         f"Timing: torch.utils.benchmark.Timer.adaptive_autorange (calibrated calls per block; stops when the "
         f"blocks' IQR/median < {timing['threshold']:g} after >= {timing['min_time_s']:g} s, or at "

@@ -93,10 +93,7 @@ def _raise_if_nonfinite(total: torch.Tensor, norm_type: float) -> None:
 
 
 def _clip(
-    params: list[torch.Tensor],
-    grads: list[torch.Tensor],
-    max_norm: float,
-    total_norm: torch.Tensor,
+    params: list[torch.Tensor], grads: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor,
     foreach: bool | None,
 ) -> None:
     """grads *= min(1, max_norm / (total_norm + 1e-6)); `params` own the grads (torch's path reads .grad)."""
