@@ -16,6 +16,7 @@ buffers (the op's grad multiplier is float32; float64 models apply it in float64
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.optim.optimizer as optimizer_module
@@ -23,6 +24,7 @@ import torch.optim.optimizer as optimizer_module
 from ..ops import DEFAULT_EPS, adamw_step_, sgd_step_
 from ..optim import FusedAdamW, FusedSGD
 from .buffers import GradBuffers
+from .config import GradientAccumulationConfig
 
 log = logging.getLogger("gradacc_ext")
 
@@ -69,6 +71,8 @@ class FusedTail:
         if mode is False:
             return None, "config.fused_step=False"
         why = unsupported_reason(optimizer, buffers.params)
+        if any(type(p).__name__ == "DTensor" for p in buffers.params):
+            why = "sharded (FSDP2 DTensor) parameters: the fused pass is not wired to local shards yet"
         if why is None:
             return cls(optimizer, buffers), ""
         if mode is True:
@@ -80,25 +84,27 @@ class FusedTail:
 
     def finish(
         self,
+        config: GradientAccumulationConfig,
         inv_scale: torch.Tensor,
         found_inf: torch.Tensor,
         norm_out: torch.Tensor,
-        norm_type: float,
-        max_grad_norm: float | None,
-        clip_value: float | None,
+        combine: Callable[[torch.Tensor, torch.Tensor, float], None],
     ) -> torch.Tensor | None:
-        """Norm and found_inf of the window; returns the step's grad multiplier (None: already applied)."""
-        b = self.buffers
-        if clip_value is not None or norm_out.dtype == torch.float64:
-            b.finish(inv_scale, found_inf, norm_out, norm_type)
-            b.clip(norm_out, max_grad_norm, clip_value)
+        """Norm and found_inf of the window (`combine` makes them global across shards); returns the
+        step's grad multiplier, or None when the passes below already applied it."""
+        b, c = self.buffers, config
+        if c.clip_value is not None or norm_out.dtype == torch.float64:
+            b.finish(inv_scale, found_inf, norm_out, c.norm_type)
+            combine(norm_out, found_inf, c.norm_type)
+            b.clip(norm_out, c.max_grad_norm, c.clip_value)
             return None
-        raw = b.ops.global_norm(b.window_views(), norm_type, backend=b.backend).reshape(1)
+        raw = b.ops.global_norm(b.window_views(), c.norm_type, backend=b.backend).reshape(1)
         norm_out.copy_(raw * inv_scale)  # the unscaled gradient's norm, as the plain tail records it
         found_inf.copy_((~torch.isfinite(raw)).reshape(found_inf.shape))
+        combine(norm_out, found_inf, c.norm_type)
         mult = inv_scale
-        if max_grad_norm is not None:
-            mult = mult * torch.clamp(max_grad_norm / (norm_out + DEFAULT_EPS), max=1.0)
+        if c.max_grad_norm is not None:
+            mult = mult * torch.clamp(c.max_grad_norm / (norm_out + DEFAULT_EPS), max=1.0)
         return mult.reshape(()).to(torch.float32)
 
     # -- the step ----------------------------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ class WindowEnd:
     def close(self, window: Window) -> None:
         """Applies `window` (its gradients all folded into the buffers) and starts the next one."""
         c, b = self.config, self.buffers
+        self.sync.before_finish()
         self.found_inf.zero_()
         count = window.count()
         if self.sync.reduces:
@@ -59,10 +60,11 @@ class WindowEnd:
         inv_scale = self._inv_scale(count)
         scale = self.loss_scale.tensor(self.device).clone() if self.loss_scale is not None else None
         if self.tail is not None:
-            mult = self.tail.finish(inv_scale, self.found_inf, self.norm, c.norm_type, c.max_grad_norm, c.clip_value)
+            mult = self.tail.finish(c, inv_scale, self.found_inf, self.norm, self.sync.global_norm)
             self.stepper.step(self.found_inf, run=lambda found_inf: self.tail.step(mult, found_inf))
         else:
             b.finish(inv_scale, self.found_inf, self.norm, c.norm_type)
+            self.sync.global_norm(self.norm, self.found_inf, c.norm_type)  # sharded buffers: norm across shards
             b.clip(self.norm, c.max_grad_norm, c.clip_value)
             b.expose()
             self.stepper.step(self.found_inf)

@@ -163,13 +163,15 @@ def global_norm(
     per_tensor: bool = False,
     backend: Backend = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Global p-norm of a list as a 0-d float32 device tensor, for any order
+    """Global p-norm of a list as a 0-d device tensor, for any order
     torch.linalg.vector_norm takes (0, 1, 2, inf and -inf are exact special
-    cases; another p goes through pow). The norm of nothing is 0.
+    cases; another p goes through exp(p log|x|)). The norm of nothing is 0.
 
-    Tensors may be contiguous or dense in another memory order (channels_last).
-    Deterministic (bitwise-equal over runs), accumulated in fp32. With
-    per_tensor=True returns (total, per_tensor_norms).
+    Tensors may be contiguous or dense in another memory order (channels_last),
+    and float64 as well as fp32/fp16/bf16. Deterministic (bitwise-equal over
+    runs), accumulated in fp32 into a float32 result, or in double into a
+    float64 result when the list holds a float64 tensor. With per_tensor=True
+    returns (total, per_tensor_norms).
     """
     op = "gradacc.global_norm"
     tensors = _as_list(op, tensors, "tensors")
@@ -212,7 +214,8 @@ def clip_by_norm_(
     *,
     backend: Backend = "auto",
 ) -> None:
-    """tensors *= min(1, max_norm / (total_norm + eps)), the coefficient computed on the device in fp32.
+    """tensors *= min(1, max_norm / (total_norm + eps)), the coefficient computed on the device in fp32
+    (in double for float64 tensors).
 
     total_norm is a one-element tensor of any float dtype or a Python number. max_norm=inf leaves the
     tensors unchanged, max_norm=0 zeroes them (torch's semantics).
