@@ -31,8 +31,8 @@ def _mode(op: str, mode: Mode) -> int:
     return _checks_optim.MODES[mode]
 
 
-def _lists(**named: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
-    return [_as_list(tensors, arg) for arg, tensors in named.items()]
+def _lists(op: str, **named: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
+    return [_as_list(op, tensors, arg) for arg, tensors in named.items()]
 
 
 def adamw_step_(
@@ -64,6 +64,7 @@ def adamw_step_(
     """
     op = "gradacc.adamw_step_"
     params, grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps = _lists(
+        op,
         params=params,
         grads=grads,
         exp_avgs=exp_avgs,
@@ -110,6 +111,7 @@ def sgd_step_(
     Modes as in adamw_step_ (stochastic rounding needs `steps` too)."""
     op = "gradacc.sgd_step_"
     params, grads, buffers, masters, steps = _lists(
+        op,
         params=params, grads=grads, momentum_buffers=momentum_buffers, master_params=master_params, steps=steps
     )
     lr_value, lr_tensor = _split_scale(lr)
