@@ -111,7 +111,8 @@ def sgd_step_(
     Modes as in adamw_step_ (stochastic rounding needs `steps` too)."""
     op = "gradacc.sgd_step_"
     params, grads, buffers, masters, steps = _lists(
-        op, params=params, grads=grads, momentum_buffers=momentum_buffers, master_params=master_params, steps=steps
+        op,
+        params=params, grads=grads, momentum_buffers=momentum_buffers, master_params=master_params, steps=steps
     )
     lr_value, lr_tensor = _split_scale(lr)
     args = (
