@@ -2,8 +2,8 @@
 
 Host syncs: per window, one (reading found_inf to skip a non-finite step)
 when skip_nonfinite is on and the optimizer is not fused; none with a fused
-optimizer (torch's Adam/AdamW/SGD with fused=True), which gets found_inf as
-a tensor and skips on the device. Then whether the window was skipped is
+optimizer (torch's Adam/AdamW/SGD with fused=True) or with the fused tail
+(config.fused_step), which get found_inf as a tensor and skip on the device. Then whether the window was skipped is
 read lazily: the scheduler step of window k (taken only if it was a real
 step) happens just before window k+1's optimizer step, or whenever the
 accumulator calls resolve() (flush, state_dict, synchronize, a stats read),
