@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -126,6 +127,27 @@ void check_finite_scalar(const char* op, const char* arg, double v) {
   TORCH_CHECK_VALUE(std::isfinite(v), op, ": ", arg, " must be finite, got ", v);
 }
 
+// The kernels compute in float32: a finite double beyond its range would turn
+// into inf silently (eps=1e39 zeroes every grad), so it is an error. Inf and
+// NaN pass through; the op's own checks decide whether they are allowed.
+float to_float(const char* op, const char* arg, double v) {
+  constexpr double kMax = std::numeric_limits<float>::max();
+  TORCH_CHECK_VALUE(!std::isfinite(v) || std::fabs(v) <= kMax, op, ": ", arg, " = ", v,
+                    " does not fit in float32, the kernels' type; expected |", arg, "| <= ", kMax);
+  return float(v);
+}
+
+// A clip argument as the kernels use it: float64 tensors take it in double,
+// every other tensor rounds it to float, so it must fit in float32 unless the
+// list is all float64.
+double list_value(const char* op, const char* arg, double v, const std::vector<Span>& spans) {
+  const bool all_double = !spans.empty() && std::all_of(spans.begin(), spans.end(), [](const Span& s) {
+    return s.dtype == DType::kFloat64;
+  });
+  if (!all_double) to_float(op, arg, v);
+  return v;
+}
+
 // The device a list lives on; `fallback` (an output tensor) when it is empty.
 at::Device list_device(at::TensorList list, const at::Tensor* fallback) {
   for (const auto& t : list) {
@@ -157,7 +179,7 @@ AccumulateParams accumulate_params(const char* op, at::TensorList bufs, at::Tens
     check_scalar(op, "alpha_tensor", *alpha_tensor, device);
     p.alpha_ptr = alpha_tensor->data_ptr<float>();
   }
-  p.alpha = float(alpha);
+  p.alpha = to_float(op, "alpha", alpha);
   p.assign = assign;
   return p;
 }
@@ -231,8 +253,8 @@ ScaleParams clip_norm_params(const char* op, at::TensorList tensors, const at::T
   p.mode = ScaleMode::kClipNorm;
   p.norm_ptr = total_norm.data_ptr();
   p.norm_dtype = norm_dtype;
-  p.max_norm = max_norm;
-  p.eps = eps;
+  p.max_norm = list_value(op, "max_norm", max_norm, p.tensors);
+  p.eps = list_value(op, "eps", eps, p.tensors);
   return p;
 }
 
@@ -242,7 +264,7 @@ ScaleParams clip_value_params(const char* op, at::TensorList tensors, double cli
   // 0 zeroes, inf keeps, a negative value sets every element to it: torch.clamp's semantics.
   TORCH_CHECK_VALUE(!std::isnan(clip_value), op, ": clip_value must not be NaN, got ", clip_value);
   p.mode = ScaleMode::kClipValue;
-  p.clip_value = clip_value;
+  p.clip_value = list_value(op, "clip_value", clip_value, p.tensors);
   return p;
 }
 

@@ -121,6 +121,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #else
     d["with_cuda"] = false;
 #endif
+    pybind11::list isas;
+    for (auto isa : gradacc::cpu::compiled_isas()) isas.append(gradacc::cpu::isa_name(isa));
+    d["cpu_isas"] = isas;
     return d;
   });
+  // The CPU kernel variant in use (csrc/cpu/isa.h), and a way to pick a lower
+  // one so tests can compare every variant on one machine.
+  m.def("cpu_isa", [] { return std::string(gradacc::cpu::isa_name(gradacc::cpu::active_isa())); });
+  m.def("supported_cpu_isa", [] { return std::string(gradacc::cpu::isa_name(gradacc::cpu::supported_isa())); });
+  m.def("set_cpu_isa", &gradacc::cpu::set_active_isa, pybind11::arg("name"));
 }

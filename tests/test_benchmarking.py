@@ -39,7 +39,18 @@ def gpt_numel(vocab: int, ctx: int, d: int, layers: int) -> int:
 
 
 @pytest.mark.parametrize(
-    "key, per_element", [("acc_bf16", 10), ("acc_fp32", 12), ("tail", 18), ("norm", 4), ("clip", 8), ("tail_adamw", 46)]
+    "key, per_element",
+    [
+        ("acc_bf16", 10),
+        ("acc_fp32", 12),
+        ("tail", 18),
+        ("norm", 4),
+        ("clip", 8),
+        ("tail_adamw", 46),
+        ("unscale_fp32", 8),
+        ("unscale_bf16", 4),
+        ("unscale_fp16", 4),
+    ],
 )
 def test_byte_model(key: str, per_element: int) -> None:
     op = OPERATIONS[key]
@@ -176,6 +187,20 @@ def test_every_implementation_flags_an_inf() -> None:
         assert float(s.found_inf) == 1.0, name
 
 
+@pytest.mark.parametrize("key", ["unscale_fp32", "unscale_bf16", "unscale_fp16"])
+def test_unscale_alone_flags_an_inf_and_keeps_magnitudes(key: str) -> None:
+    op = OPERATIONS[key]
+    for name in NON_COMPILED:
+        s = make_state(TINY, op, "cpu", seed=9)
+        assert all(b.dtype == op.buf_dtype for b in s.bufs) and not s.grads
+        before = [b.clone() for b in s.bufs]
+        impls_mod.build_impl(name, op)(s)
+        assert float(s.found_inf) == 0.0 and all(torch.equal(b, -a) for a, b in zip(before, s.bufs, strict=True))
+        s.bufs[3][7] = math.nan
+        impls_mod.build_impl(name, op)(s)
+        assert float(s.found_inf) == 1.0, name
+
+
 def test_compiled_norm_matches() -> None:
     op = OPERATIONS["norm"]
     small = Workload("two", "test set", ((5, 3), (9,)), 1.0)
@@ -225,7 +250,7 @@ def test_run_and_write(tmp_path, small_sets: None) -> None:
     text = paths[1].read_text()
     result_rows = [line for line in text.splitlines() if line.startswith(("| tiny | acc_bf16 |", "| tiny | tail |"))]
     assert len(result_rows) == 2 * len(NON_COMPILED)
-    assert all(row.count("|") == 12 for row in result_rows)  # 11 columns each
+    assert all(row.count("|") == 13 for row in result_rows)  # 12 columns each
     roofline = saved["copy"]["gbps"]
     samples = saved["copy"]["samples"]
     assert roofline == max(max(s.values()) for s in samples) and len(samples) == 1 + 2  # start, then after each cell

@@ -153,6 +153,8 @@ def test_build_info():
         "running_torch_version",
         "running_cuda_version",
         "cuda_available",
+        "cpu_isas",
+        "cpu_isa",
     }
     assert info["extension_loaded"] is gradacc_ext.extension_loaded()
     assert info["with_cuda"] is gradacc_ext.extension_has_cuda()
@@ -164,6 +166,9 @@ def test_build_info():
         assert info["reason"] == "compiled extension loaded"
         assert info["built_torch_version"] == _loader.running_torch_version()
         assert info["with_cuda"] == (info["built_cuda_version"] is not None)
+        assert info["cpu_isas"][0] == "default" and info["cpu_isa"] in info["cpu_isas"]
+    else:
+        assert info["cpu_isas"] == [] and info["cpu_isa"] is None
 
 
 @needs_ext

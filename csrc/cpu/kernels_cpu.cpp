@@ -1,6 +1,7 @@
 // CPU kernels. Work is split into the chunks of csrc/kernels/chunking.h and
 // run with at::parallel_for; each chunk keeps its own norm partial, and the
 // partials are merged in chunk order, so results do not depend on threads.
+// Compiled once per ISA into namespace GRADACC_CPU_ISA (isa.h, setup.py).
 #include "kernels_cpu.h"
 
 #include <ATen/Parallel.h>
@@ -10,39 +11,17 @@
 
 #include "../kernels/chunking.h"
 #include "../kernels/dispatch.cuh"
+#include "loops_cpu.h"
 
-namespace gradacc::cpu {
+namespace gradacc::cpu::GRADACC_CPU_ISA {
 namespace {
-
-// Norm statistics of n values, in kLanes independent accumulators so the
-// loop vectorises; the lanes merge in a fixed order (deterministic).
-constexpr int kLanes = 16;
-
-template <typename T>
-NormAcc reduce_norm(const T* __restrict x, int64_t n) {
-  // norm_acc_add written out on plain arrays (max_abs_nan as an integer max
-  // of |x|'s bits): the same arithmetic, in a shape GCC vectorises.
-  float sumsq[kLanes] = {};
-  uint32_t maxbits[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) {
-      const float v = Elem<T>::load(x[i + l]);
-      sumsq[l] = add_rn(sumsq[l], mul_rn(v, v));
-      const uint32_t b = float_bits(v) & 0x7FFFFFFFu;
-      maxbits[l] = b > maxbits[l] ? b : maxbits[l];
-    }
-  }
-  NormAcc total = norm_acc_init();
-  for (; i < n; ++i) total = norm_acc_add(total, Elem<T>::load(x[i]));
-  for (int l = 0; l < kLanes; ++l) total = norm_acc_merge(total, NormAcc{sumsq[l], bits_float(maxbits[l])});
-  return total;
-}
 
 // Any norm kind in accumulator type A (double for a list that holds float64
 // data), in kLanes accumulators like the fast path: a chunk's sum then rounds
 // like kLanes short sums (sqrt(n / kLanes) growth), not one long one; the
-// lanes merge in a fixed order (deterministic). fp32 L2/inf takes the fast path.
+// lanes merge in a fixed order (deterministic). fp32 L2/inf takes the fast path
+// (reduce_norm in loops_cpu.h, which this overload would hide).
+using GRADACC_CPU_ISA::reduce_norm;
 template <typename A, typename T>
 NormAccT<A> reduce_norm(const T* __restrict x, int64_t n, NormKind kind, double p) {
   if constexpr (std::is_same_v<A, float> && !std::is_same_v<T, double>) {
@@ -74,9 +53,7 @@ float effective_alpha(const AccumulateParams& p) {
 
 template <typename B, typename G>
 void accumulate_chunk(B* buf, const G* grad, int64_t n, float alpha, bool assign) {
-  for (int64_t i = 0; i < n; ++i) {
-    buf[i] = Elem<B>::store(accumulate_value(Elem<B>::load(buf[i]), Elem<G>::load(grad[i]), alpha, assign));
-  }
+  map2_inplace(buf, grad, n, [&](float b, float g) { return accumulate_value(b, g, alpha, assign); });
 }
 
 // The final micro-step: store, then take the statistics of what was stored
@@ -84,10 +61,8 @@ void accumulate_chunk(B* buf, const G* grad, int64_t n, float alpha, bool assign
 // what the optimizer reads). The second pass hits cache: a chunk is small.
 template <typename B, typename G>
 NormAcc accumulate_final_chunk(B* buf, const G* grad, int64_t n, float alpha, bool assign, float inv_scale) {
-  for (int64_t i = 0; i < n; ++i) {
-    buf[i] = Elem<B>::store(
-        accumulate_final_value(Elem<B>::load(buf[i]), Elem<G>::load(grad[i]), alpha, assign, inv_scale));
-  }
+  map2_inplace(buf, grad, n,
+               [&](float b, float g) { return accumulate_final_value(b, g, alpha, assign, inv_scale); });
   return reduce_norm(buf, n);
 }
 
@@ -186,16 +161,15 @@ void scale(const ScaleParams& p) {
         }
       } else if (p.mode == ScaleMode::kClipValue) {
         const float v = float(p.clip_value);
-        for (int64_t i = 0; i < n; ++i) x[i] = Elem<T>::store(clip_value(Elem<T>::load(x[i]), v));
+        map_inplace(x, n, [&](float e) { return clip_value(e, v); });
+      } else if (p.mode == ScaleMode::kUnscale) {
+        if (!unscale_chunk(x, n, factor)) found.store(true, std::memory_order_relaxed);
       } else {
-        if (p.mode == ScaleMode::kUnscale && !is_finite(reduce_norm(x, n).maxabs)) {
-          found.store(true, std::memory_order_relaxed);  // checked on the input, as torch's unscale does
-        }
-        for (int64_t i = 0; i < n; ++i) x[i] = Elem<T>::store(mul_rn(Elem<T>::load(x[i]), factor));
+        map_inplace(x, n, [&](float e) { return mul_rn(e, factor); });
       }
     });
   });
   if (p.mode == ScaleMode::kUnscale && found.load()) *p.found_inf = 1.0f;
 }
 
-}  // namespace gradacc::cpu
+}  // namespace gradacc::cpu::GRADACC_CPU_ISA

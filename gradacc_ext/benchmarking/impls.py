@@ -5,7 +5,8 @@
 * eager:     what a PyTorch user writes today: torch._foreach_add_ of a bf16
              list into an fp32 list (not fused: torch loops add_ per tensor),
              the GradScaler.unscale_ kernel (_amp_foreach_non_finite_check_and_unscale_)
-             and torch.nn.utils.clip_grad_norm_(foreach=True).
+             and torch.nn.utils.clip_grad_norm_(foreach=True); unscale alone is that same
+             unscale kernel on its own.
 * compile:   torch.compile of exactly the eager functions below.
 * reference: gradacc's pure-PyTorch reference (backend="torch").
 
@@ -60,6 +61,10 @@ def eager_norm(bufs: list[torch.Tensor]) -> torch.Tensor:
     return torch.nn.utils.get_total_norm(bufs, 2.0, foreach=True)
 
 
+def eager_unscale(bufs: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
+    torch._amp_foreach_non_finite_check_and_unscale_(bufs, found_inf, inv_scale)
+
+
 def eager_clip(params: list[torch.nn.Parameter], max_norm: float, total_norm: torch.Tensor) -> None:
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm, foreach=True)
 
@@ -77,6 +82,9 @@ def _torch_impl(op: Operation, compiled: bool) -> Impl:
     if op.key == "norm":
         norm = wrap(eager_norm)
         return lambda s: norm(s.bufs)
+    if op.unscale_alone:
+        unscale = wrap(eager_unscale)
+        return lambda s: unscale(s.bufs, s.found_inf, s.inv_scale)
     clip = wrap(eager_clip)
     return lambda s: clip(s.params, s.max_norm, s.clip_norm)
 
@@ -94,6 +102,8 @@ def _gradacc_impl(op: Operation, backend: str) -> Impl:
         return tail
     if op.key == "norm":
         return lambda s: ops.global_norm(s.bufs, backend=backend)
+    if op.unscale_alone:
+        return lambda s: ops.unscale_(s.bufs, s.inv_scale, s.found_inf, backend=backend)
     return lambda s: ops.clip_by_norm_(s.bufs, s.clip_norm, s.max_norm, backend=backend)
 
 

@@ -19,6 +19,8 @@ fp32 buffers/params/optimizer states:
 * clip           read 4, write 4                                             = 8
 * tail + AdamW   the final tail, then AdamW: read param, grad, exp_avg,
                  exp_avg_sq (16), write param, exp_avg, exp_avg_sq (12)     = g + 44
+* unscale alone  in place on a list of dtype b (4, or 2 for bf16/fp16):
+                 read b, write b                                             = 2b
 """
 
 from __future__ import annotations
@@ -38,9 +40,16 @@ class Operation:
     grad_dtype: torch.dtype | None  # dtype of the micro-step grads; None: the op reads no grads
     needs_optimizer: bool = False
     ours: bool = True  # False when most of the work is not gradacc's (AdamW)
+    buf_dtype: torch.dtype = torch.float32  # dtype of the buffers the op works on
+
+    @property
+    def unscale_alone(self) -> bool:
+        return self.key.startswith("unscale_")
 
     def bytes_per_element(self) -> int:
         g = torch.empty((), dtype=self.grad_dtype).element_size() if self.grad_dtype is not None else 0
+        if self.unscale_alone:
+            return 2 * torch.empty((), dtype=self.buf_dtype).element_size()
         return {
             "acc_bf16": g + 2 * FP32,
             "acc_fp32": g + 2 * FP32,
@@ -63,6 +72,9 @@ OPERATIONS = {
         Operation("norm", "global norm", None),
         Operation("clip", "clip by norm", None),
         Operation("tail_adamw", "final tail + AdamW step", torch.bfloat16, needs_optimizer=True, ours=False),
+        Operation("unscale_fp32", "unscale alone (fp32, check + multiply)", None, buf_dtype=torch.float32),
+        Operation("unscale_bf16", "unscale alone (bf16, check + multiply)", None, buf_dtype=torch.bfloat16),
+        Operation("unscale_fp16", "unscale alone (fp16, check + multiply)", None, buf_dtype=torch.float16),
     )
 }
 

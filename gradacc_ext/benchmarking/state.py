@@ -11,7 +11,9 @@ timed work neither overflows nor decays into subnormals (which are slow on CPUs)
   landing back near variance CLIP_FRACTION**2;
 * clip alone: the given norm makes the coefficient CLIP_ALONE_COEF < 1, so every
   repeat multiplies (a coefficient >= 1 is skipped by the kernels) and a
-  thousand repeats shrink the data by only e**-1.
+  thousand repeats shrink the data by only e**-1;
+* unscale alone: inv_scale is -1, a real multiply whose repeats keep every
+  magnitude (torch's kernel may skip a multiply by 1).
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ LOSS_SCALE = 1024.0
 CLIP_FRACTION = 0.5
 CLIP_ALONE_COEF = 0.999
 ADAMW_LR = 1e-4
+UNSCALE_ALONE_INV_SCALE = -1.0
 ALIGN_BYTES = 64
 POOL = 1 << 20
 
 
 @dataclass
 class GradState:
-    bufs: list[torch.Tensor]  # fp32 accumulation buffers, also the params' .grad
+    bufs: list[torch.Tensor]  # accumulation buffers (fp32; op.buf_dtype for unscale alone), also the params' .grad
     grads: list[torch.Tensor]  # this micro-step's (loss-scaled) grads; empty when the op reads none
     params: list[torch.nn.Parameter]  # empty unless an implementation needs p.grad or an optimizer
     found_inf: torch.Tensor
@@ -115,7 +118,7 @@ def make_state(
     def normal(dtype: torch.dtype, std: float) -> list[torch.Tensor]:
         return normal_tensors(workload.shapes, dtype, std, device, gen)
 
-    bufs = normal(torch.float32, LOSS_SCALE)
+    bufs = normal(op.buf_dtype, LOSS_SCALE)
     grads = normal(op.grad_dtype, LOSS_SCALE) if op.grad_dtype is not None else []
     params: list[torch.nn.Parameter] = []
     if needs_params(op) if with_params is None else with_params:
@@ -134,7 +137,7 @@ def make_state(
         grads=grads,
         params=params,
         found_inf=torch.zeros(1, **scalar),
-        inv_scale=torch.full((1,), 1.0 / LOSS_SCALE, **scalar),
+        inv_scale=torch.full((1,), UNSCALE_ALONE_INV_SCALE if op.unscale_alone else 1.0 / LOSS_SCALE, **scalar),
         norm_out=torch.zeros(1, **scalar),
         clip_norm=torch.full((), max_norm / CLIP_ALONE_COEF, **scalar),  # 0-d: torch's clip wants it
         max_norm=max_norm,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+FLOAT32_MAX = torch.finfo(torch.float32).max
 # The single-list ops (norms, clips) also take float64 lists, computed in double.
 SINGLE_LIST = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 SCALAR_FLOATS = SINGLE_LIST
@@ -150,7 +151,21 @@ def check_accumulate(
         raise ValueError(f"{op}: alpha must be finite, got {num(alpha)}")
     if alpha_tensor is not None:
         check_scalar(op, "alpha_tensor", alpha_tensor, device)
+    check_fits_float(op, "alpha", alpha)
     return device
+
+
+def check_fits_float(op: str, arg: str, value: float, tensors: Sequence[torch.Tensor] = ()) -> None:
+    """The kernels compute in float32: a finite value beyond its range would become inf silently
+    (eps=1e39 zeroes every grad). Inf and NaN pass; the op's own checks decide about them. A list
+    of float64 `tensors` only (the clip ops) uses the value in double: any value is fine then."""
+    if tensors and all(t.dtype == torch.float64 for t in tensors):
+        return
+    if math.isfinite(value) and abs(value) > FLOAT32_MAX:
+        raise ValueError(
+            f"{op}: {arg} = {num(value)} does not fit in float32, the kernels' type; "
+            f"expected |{arg}| <= {num(FLOAT32_MAX)}"
+        )
 
 
 def check_max_norm(op: str, max_norm: float) -> None:
@@ -204,6 +219,8 @@ def check_clip_by_norm(
     check_max_norm(op, float(max_norm))
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"{op}: eps must be finite and >= 0, got {num(eps)}")
+    check_fits_float(op, "max_norm", float(max_norm), tensors)
+    check_fits_float(op, "eps", float(eps), tensors)
 
 
 def check_clip_by_value(op: str, tensors: Sequence[torch.Tensor], clip_value: float) -> None:
@@ -211,3 +228,4 @@ def check_clip_by_value(op: str, tensors: Sequence[torch.Tensor], clip_value: fl
     check_list(op, "tensors", tensors, list_device(tensors), single_list=True)
     if math.isnan(clip_value):
         raise ValueError(f"{op}: clip_value must not be NaN, got {num(clip_value)}")
+    check_fits_float(op, "clip_value", float(clip_value), tensors)

@@ -88,6 +88,9 @@ def build_info() -> dict[str, Any]:
         "built_cuda_version": (BUILD_CONFIG or {}).get("cuda_version"),
         "arch_list": (BUILD_CONFIG or {}).get("arch_list"),
         "with_cuda": bool(compiled and compiled["with_cuda"]),
+        # CPU kernel variants in the binary and the one in use (csrc/cpu/isa.h)
+        "cpu_isas": list(compiled.get("cpu_isas", [])) if compiled else [],
+        "cpu_isa": _C.cpu_isa() if compiled and "cpu_isas" in compiled else None,
         "running_torch_version": torch.__version__,
         "running_cuda_version": torch.version.cuda,
         "cuda_available": torch.cuda.is_available(),

@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-from . import _checks, reference
+from . import _checks, _coverage, reference
 from ._loader import LOAD_REASON, extension_has_cuda, extension_loaded
 
 Backend = Literal["auto", "ext", "torch"]
@@ -42,6 +42,9 @@ def resolve_backend(device: torch.device | str, backend: str = "auto") -> tuple[
     elif device.type == "cuda":
         available = extension_has_cuda()
         reason = "fused CUDA kernels" if available else "the extension was built without CUDA kernels"
+        if available:  # checked once per GPU: its arch and its driver's kernel-parameter limit
+            coverage = _coverage.device_coverage(_coverage.cuda_index(device))
+            available, reason = coverage.covered, (reason if coverage.covered else coverage.reason)
     else:
         available, reason = False, f"no compiled kernels for device type {device.type!r}"
     if backend == "ext" and not available:
@@ -243,8 +246,12 @@ def clip_grad_norm_(
     backend: Backend = "auto",
 ) -> torch.Tensor:
     """Global norm, then clip by it; returns the (pre-clip) norm. No host sync."""
-    tensors = _as_list("gradacc.clip_grad_norm_", tensors, "tensors")
-    _checks.check_max_norm("gradacc.clip_grad_norm_", float(max_norm))
+    op = "gradacc.clip_grad_norm_"
+    tensors = _as_list(op, tensors, "tensors")
+    _checks.check_max_norm(op, float(max_norm))
+    # The clip's own range checks before the norm runs: a bad eps must not cost a norm pass first.
+    _checks.check_fits_float(op, "max_norm", float(max_norm), tensors)
+    _checks.check_fits_float(op, "eps", float(eps), tensors)
     total = global_norm(tensors, norm_type, backend=backend)
     clip_by_norm_(tensors, total, max_norm, eps, backend=backend)
     return total

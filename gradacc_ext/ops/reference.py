@@ -133,4 +133,7 @@ def clip_by_norm_(tensors: Sequence[torch.Tensor], total_norm: torch.Tensor, max
 
 def clip_by_value_(tensors: Sequence[torch.Tensor], clip_value: float) -> None:
     for t in tensors:
-        t.clamp_(-clip_value, clip_value)
+        if abs(clip_value) <= torch.finfo(t.dtype).max or math.isinf(clip_value):
+            t.clamp_(-clip_value, clip_value)
+        else:  # beyond a 16-bit type's range (torch refuses the scalar): clamp in float32, as the kernels do
+            t.copy_(t.to(_compute_dtype(t)).clamp_(-clip_value, clip_value))
