@@ -4,7 +4,7 @@ Environment switches (see README, "Building"):
   GRADACC_NO_EXT=1       pure-Python install; every op runs the PyTorch reference.
   GRADACC_FORCE_CUDA=1   build the CUDA kernels even if torch looks CPU-only
                          (needs nvcc and a CUDA torch to link against).
-  TORCH_CUDA_ARCH_LIST   GPU architectures; default "8.0;9.0+PTX".
+  TORCH_CUDA_ARCH_LIST   GPU architectures; default by CUDA version (DEFAULT_ARCH_LISTS).
   MAX_JOBS               parallel compile jobs.
 
 CUDA is chosen from torch.version.cuda and nvcc, never from
@@ -19,8 +19,21 @@ from pathlib import Path
 from setuptools import setup
 
 ROOT = Path(__file__).parent
-DEFAULT_ARCH_LIST = "8.0;9.0+PTX"
+# The wheel's default GPU archs, by the CUDA toolkit that builds it (README, "GPU architectures"):
+# a binary for every major generation the toolkit supports (X.Y runs on X.Z, Z >= Y, so 8.6/8.9
+# run the 8.0 binary), plus PTX of the newest for later GPUs. CUDA 13 dropped 7.0; sm_100/sm_120
+# need CUDA 12.8, sm_110 CUDA 13.0. Measured cost: about 3 CPU-seconds of nvcc and 0.5 MB each.
+DEFAULT_ARCH_LISTS = (
+    ((13, 0), "7.5;8.0;9.0;10.0;11.0;12.0+PTX"),
+    ((12, 8), "7.0;7.5;8.0;9.0;10.0;12.0+PTX"),
+    ((0, 0), "7.0;7.5;8.0;9.0+PTX"),
+)
 BUILD_CONFIG = ROOT / "gradacc_ext" / "_build_config.py"
+
+
+def default_arch_list(cuda_version: str | None) -> str:
+    major, minor = (int(x) for x in (cuda_version or "0.0").split(".")[:2])
+    return next(archs for since, archs in DEFAULT_ARCH_LISTS if (major, minor) >= since)
 
 
 def _flag(name: str) -> bool:
@@ -46,7 +59,7 @@ def _extensions():
     from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
     use_cuda = _flag("GRADACC_FORCE_CUDA") or (torch.version.cuda is not None and CUDA_HOME is not None)
-    arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST") or DEFAULT_ARCH_LIST
+    arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST") or default_arch_list(torch.version.cuda)
     torch_version = torch.__version__.split("+")[0]
     cuda_version = torch.version.cuda if use_cuda else None
 

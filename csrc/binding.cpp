@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -29,34 +30,38 @@ std::string layout_name(at::Layout layout) {
   }
 }
 
-DType to_dtype(const char* op, const char* arg, int64_t i, const at::Tensor& t) {
+// Which tensors a list accepts. The single-list ops (norms, clips) visit a
+// dense tensor (channels_last, any permutation) in storage order and take
+// float64 (computed in double); the accumulate ops pair two lists element by
+// element, so theirs must be contiguous, and they and unscale_ are fp32/16-bit.
+enum class Use { kPaired, kSingleList };
+
+DType to_dtype(const char* op, const char* arg, int64_t i, const at::Tensor& t, Use use) {
   switch (t.scalar_type()) {
     case at::kFloat: return DType::kFloat32;
     case at::kHalf: return DType::kFloat16;
     case at::kBFloat16: return DType::kBFloat16;
+    case at::kDouble:
+      if (use == Use::kSingleList) return DType::kFloat64;
+      [[fallthrough]];
     default:
-      TORCH_CHECK_TYPE(false, op, ": ", arg, "[", i, "] has dtype ", dtype_name(t.scalar_type()),
-                       "; expected float32, float16 or bfloat16");
+      TORCH_CHECK_TYPE(false, op, ": ", arg, "[", i, "] has dtype ", dtype_name(t.scalar_type()), "; expected ",
+                       use == Use::kSingleList ? "float32, float16, bfloat16 or float64"
+                                               : "float32, float16 or bfloat16");
   }
 }
-
-// Which memory layouts a list accepts. Element-wise ops on one list and the
-// norms may visit a dense tensor (channels_last, any permutation) in storage
-// order; the accumulate ops pair two lists element by element, so theirs
-// must be contiguous.
-enum class Memory { kContiguous, kDense };
 
 // A tensor the kernels may read or write as one flat block of storage.
 // `device` is the list's device: every tensor of every list must be there.
 Span check_list_tensor(const char* op, const char* arg, int64_t i, const at::Tensor& t, const at::Device& device,
-                       Memory memory) {
+                       Use use) {
   TORCH_CHECK_VALUE(t.defined(), op, ": ", arg, "[", i, "] is undefined (None)");
   TORCH_CHECK_VALUE(t.layout() == at::kStrided, op, ": ", arg, "[", i, "] has layout ", layout_name(t.layout()),
                     "; expected a dense (strided) tensor");
   TORCH_CHECK_VALUE(t.device() == device, op, ": ", arg, "[", i, "] is on ", device_name(t),
                     " but the list is on ", device.str(), "; all tensors must be on one device");
-  const DType dtype = to_dtype(op, arg, i, t);
-  if (memory == Memory::kContiguous) {
+  const DType dtype = to_dtype(op, arg, i, t, use);
+  if (use == Use::kPaired) {
     TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", arg, "[", i, "] is not contiguous (sizes ", t.sizes(),
                       ", strides ", t.strides(), "); expected a contiguous tensor");
   } else {
@@ -68,11 +73,11 @@ Span check_list_tensor(const char* op, const char* arg, int64_t i, const at::Ten
 }
 
 std::vector<Span> check_list(const char* op, const char* arg, at::TensorList list, const at::Device& device,
-                             Memory memory = Memory::kContiguous) {
+                             Use use = Use::kPaired) {
   std::vector<Span> spans;
   spans.reserve(list.size());
   for (size_t i = 0; i < list.size(); ++i) {
-    spans.push_back(check_list_tensor(op, arg, int64_t(i), list[i], device, memory));
+    spans.push_back(check_list_tensor(op, arg, int64_t(i), list[i], device, use));
   }
   return spans;
 }
@@ -122,6 +127,27 @@ void check_finite_scalar(const char* op, const char* arg, double v) {
   TORCH_CHECK_VALUE(std::isfinite(v), op, ": ", arg, " must be finite, got ", v);
 }
 
+// The kernels compute in float32: a finite double beyond its range would turn
+// into inf silently (eps=1e39 zeroes every grad), so it is an error. Inf and
+// NaN pass through; the op's own checks decide whether they are allowed.
+float to_float(const char* op, const char* arg, double v) {
+  constexpr double kMax = std::numeric_limits<float>::max();
+  TORCH_CHECK_VALUE(!std::isfinite(v) || std::fabs(v) <= kMax, op, ": ", arg, " = ", v,
+                    " does not fit in float32, the kernels' type; expected |", arg, "| <= ", kMax);
+  return float(v);
+}
+
+// A clip argument as the kernels use it: float64 tensors take it in double,
+// every other tensor rounds it to float, so it must fit in float32 unless the
+// list is all float64.
+double list_value(const char* op, const char* arg, double v, const std::vector<Span>& spans) {
+  const bool all_double = !spans.empty() && std::all_of(spans.begin(), spans.end(), [](const Span& s) {
+    return s.dtype == DType::kFloat64;
+  });
+  if (!all_double) to_float(op, arg, v);
+  return v;
+}
+
 // The device a list lives on; `fallback` (an output tensor) when it is empty.
 at::Device list_device(at::TensorList list, const at::Tensor* fallback) {
   for (const auto& t : list) {
@@ -153,7 +179,7 @@ AccumulateParams accumulate_params(const char* op, at::TensorList bufs, at::Tens
     check_scalar(op, "alpha_tensor", *alpha_tensor, device);
     p.alpha_ptr = alpha_tensor->data_ptr<float>();
   }
-  p.alpha = float(alpha);
+  p.alpha = to_float(op, "alpha", alpha);
   p.assign = assign;
   return p;
 }
@@ -179,18 +205,20 @@ AccumulateParams accumulate_final_params(const char* op, at::TensorList bufs, at
 
 NormParams norm_params(const char* op, at::TensorList tensors, double norm_type) {
   NormParams p;
-  p.tensors = check_list(op, "tensors", tensors, list_device(tensors, nullptr), Memory::kDense);
+  p.tensors = check_list(op, "tensors", tensors, list_device(tensors, nullptr), Use::kSingleList);
   p.norm_kind = to_norm_kind(op, norm_type);
   p.p = norm_type;
+  for (const Span& s : p.tensors) p.wide = p.wide || s.dtype == DType::kFloat64;
   return p;
 }
 
 std::pair<at::Tensor, at::Tensor> norm_outputs(at::TensorList tensors, bool per_tensor, NormParams& params) {
-  const auto options = at::TensorOptions().dtype(at::kFloat).device(list_device(tensors, nullptr));
+  const auto dtype = params.wide ? at::kDouble : at::kFloat;
+  const auto options = at::TensorOptions().dtype(dtype).device(list_device(tensors, nullptr));
   at::Tensor total = at::empty({}, options);
   at::Tensor each = at::empty({per_tensor ? int64_t(tensors.size()) : 0}, options);
-  params.total_out = total.data_ptr<float>();
-  params.per_tensor_out = per_tensor ? each.data_ptr<float>() : nullptr;
+  params.total_out = total.data_ptr();
+  params.per_tensor_out = per_tensor ? each.data_ptr() : nullptr;
   return {total, each};
 }
 
@@ -211,7 +239,7 @@ ScaleParams clip_norm_params(const char* op, at::TensorList tensors, const at::T
                              double eps) {
   const at::Device device = list_device(tensors, &total_norm);
   ScaleParams p;
-  p.tensors = check_list(op, "tensors", tensors, device, Memory::kDense);
+  p.tensors = check_list(op, "tensors", tensors, device, Use::kSingleList);
   // total_norm: one element of any float dtype (torch's get_total_norm returns the grads' dtype).
   TORCH_CHECK_VALUE(total_norm.defined(), op, ": total_norm is undefined (None)");
   const DType norm_dtype = to_scalar_dtype(op, "total_norm", total_norm);
@@ -225,18 +253,18 @@ ScaleParams clip_norm_params(const char* op, at::TensorList tensors, const at::T
   p.mode = ScaleMode::kClipNorm;
   p.norm_ptr = total_norm.data_ptr();
   p.norm_dtype = norm_dtype;
-  p.max_norm = float(max_norm);
-  p.eps = float(eps);
+  p.max_norm = list_value(op, "max_norm", max_norm, p.tensors);
+  p.eps = list_value(op, "eps", eps, p.tensors);
   return p;
 }
 
 ScaleParams clip_value_params(const char* op, at::TensorList tensors, double clip_value) {
   ScaleParams p;
-  p.tensors = check_list(op, "tensors", tensors, list_device(tensors, nullptr), Memory::kDense);
+  p.tensors = check_list(op, "tensors", tensors, list_device(tensors, nullptr), Use::kSingleList);
   // 0 zeroes, inf keeps, a negative value sets every element to it: torch.clamp's semantics.
   TORCH_CHECK_VALUE(!std::isnan(clip_value), op, ": clip_value must not be NaN, got ", clip_value);
   p.mode = ScaleMode::kClipValue;
-  p.clip_value = float(clip_value);
+  p.clip_value = list_value(op, "clip_value", clip_value, p.tensors);
   return p;
 }
 

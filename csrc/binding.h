@@ -28,7 +28,8 @@ AccumulateParams accumulate_final_params(const char* op, at::TensorList bufs, at
 // afterwards with norm_outputs().
 NormParams norm_params(const char* op, at::TensorList tensors, double norm_type);
 
-// Allocates (total, per_tensor) float32 outputs on the list's device and
+// Allocates (total, per_tensor) outputs on the list's device, float32, or
+// float64 when the list holds a float64 tensor (params.wide), and
 // points the params at them. per_tensor is empty unless requested.
 std::pair<at::Tensor, at::Tensor> norm_outputs(at::TensorList tensors, bool per_tensor, NormParams& params);
 

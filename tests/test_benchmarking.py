@@ -225,7 +225,7 @@ def test_run_and_write(tmp_path, small_sets: None) -> None:
     text = paths[1].read_text()
     result_rows = [line for line in text.splitlines() if line.startswith(("| tiny | acc_bf16 |", "| tiny | tail |"))]
     assert len(result_rows) == 2 * len(NON_COMPILED)
-    assert all(row.count("|") == 12 for row in result_rows)  # 11 columns each
+    assert all(row.count("|") == 13 for row in result_rows)  # 12 columns each
     roofline = saved["copy"]["gbps"]
     samples = saved["copy"]["samples"]
     assert roofline == max(max(s.values()) for s in samples) and len(samples) == 1 + 2  # start, then after each cell

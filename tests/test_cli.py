@@ -16,6 +16,7 @@ import torch
 import gradacc_ext
 from gradacc_ext.cli import envinfo, main, probe
 from gradacc_ext.cli.main import SIGPIPE_EXIT
+from gradacc_ext.ops._coverage import arch_coverage
 
 
 def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
@@ -69,7 +70,7 @@ def test_info_json_matches_build_info():
     assert info["arch_list"] == build["arch_list"]
     assert set(info["backends"]["cpu"]) == set(envinfo.OPS)
     assert info["backends"]["cpu"]["global_norm"]["backend"] == gradacc_ext.resolve_backend("cpu")[0]
-    assert (info["gpu"] is None) == (not torch.cuda.is_available())
+    assert (info["gpus"] is None) == (not torch.cuda.is_available())
 
 
 @pytest.mark.parametrize(
@@ -87,7 +88,7 @@ def test_info_json_matches_build_info():
     ],
 )
 def test_arch_coverage(arch_list, capability, covered):
-    ok, reason = envinfo.arch_coverage(arch_list, capability)
+    ok, reason = arch_coverage(arch_list, capability)
     assert ok is covered, reason
     assert f"{capability[0]}.{capability[1]}" in reason or arch_list is None
 

@@ -1,4 +1,4 @@
-"""Two-process DDP (gloo, CPU, loopback) equals single-process full-batch training; FSDP2 sync toggling.
+"""Two-process DDP (gloo, CPU, loopback) equals single-process full-batch training (FSDP2: test_fsdp.py).
 
 Every rank runs the accumulator on its shard of each micro-batch under DDP
 and compares the final parameters with a plain full-batch loop it runs
@@ -130,38 +130,8 @@ def run_two_ranks(modes: tuple[str, ...]) -> None:
             pytest.fail("DDP workers did not finish within 90 s (a hang)")
 
 
+@pytest.mark.distributed
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="gloo backend not available")
 def test_ddp_two_ranks_equals_full_batch():
     """Mean mode with equal shards, then sum mode with uneven token counts per rank (one process group)."""
     run_two_ranks(("mean", "sum"))
-
-
-class FakeFSDP2(torch.nn.Module):
-    """Exposes FSDP2's set_requires_gradient_sync and records the calls."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = make_model(torch.float32, 1)
-        self.calls: list[bool] = []
-
-    def set_requires_gradient_sync(self, requires: bool) -> None:
-        self.calls.append(requires)
-
-    def forward(self, x):
-        return self.net(x)
-
-
-def test_fsdp2_sync_disabled_on_non_final_micro_steps():
-    model = FakeFSDP2()
-    acc = GradientAccumulator(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), GradientAccumulationConfig(accumulation_steps=3)
-    )
-    g = torch.Generator().manual_seed(3)
-    for _ in range(5):
-        x, y = torch.randn(2, IN, generator=g), torch.randn(2, OUT, generator=g)
-        with acc.micro_step():
-            acc.backward(F.mse_loss(model(x), y))
-    assert model.calls == [False, False, True, False, False]
-    assert acc.flush() and acc.optimizer_steps == 2
-    with pytest.raises(ValueError, match="with FSDP2"):
-        acc.backward(F.mse_loss(model(x), y), num_items=2)

@@ -118,3 +118,37 @@ def test_clip_by_value_matches_torch_clamp(device, backend, gen, clip_value):
     gradacc_ext.clip_by_value_(tensors, clip_value, backend=backend)
     for got, w in zip(tensors, want, strict=True):
         torch.testing.assert_close(got, w, rtol=0.0, atol=0.0, equal_nan=True)
+
+
+F64_RTOL = 1e-12  # double sums of these sizes, and exp(p log|x|) for the p-norm terms
+
+
+@pytest.mark.parametrize("p", [2.0, math.inf, 0.0, 1.0, 3.0, -math.inf])
+def test_float64_lists_are_normed_in_double(device, backend, gen, p):
+    """A list holding a float64 tensor accumulates in double (fp32/16-bit members widened exactly) and
+    returns float64 norms; they match float64 torch.linalg.vector_norm to double rounding."""
+    tensors = mixed_tensors(device, gen)
+    tensors[1] = tensors[1].double() * 1e-3  # values fp32 cannot hold exactly
+    tensors[1] += torch.randn(tensors[1].shape, generator=gen, dtype=torch.float64).to(device) * 1e-12
+    total, each = gradacc_ext.global_norm(tensors, p, per_tensor=True, backend=backend)
+    assert total.dtype == torch.float64 and each.dtype == torch.float64
+    want_each = torch.stack([torch.linalg.vector_norm(t.double(), p) for t in tensors])
+    want = reference.global_norm(f64(tensors), p, False)[0]
+    torch.testing.assert_close(each.cpu(), want_each.cpu(), rtol=F64_RTOL, atol=0.0)
+    torch.testing.assert_close(total.cpu(), want.cpu(), rtol=F64_RTOL, atol=0.0)
+
+
+def test_float64_tensors_are_clipped_in_double(device, backend, gen):
+    """clip_by_norm_ and clip_by_value_ on a float64 tensor: torch's float64 arithmetic, bit for bit
+    (x * min(1, max_norm / (norm + eps)) and clamp); the fp32 neighbour keeps the fp32 coefficient."""
+    x = torch.randn(1000, generator=gen, dtype=torch.float64).to(device)
+    y = torch.randn(1000, generator=gen).to(device)
+    norm = torch.linalg.vector_norm(x)
+    want_x = x * torch.clamp(0.5 / (norm + 1e-6), max=1.0)
+    want_y = y * torch.clamp(0.5 / (norm.float() + 1e-6), max=1.0)
+    gradacc_ext.clip_by_norm_([x, y], norm, 0.5, backend=backend)
+    assert torch.equal(x, want_x) and torch.equal(y, want_y)
+    clip = 0.1 + 1e-12  # not a float32 value: a float32 clamp would round it
+    want_x = x.clone().clamp_(-clip, clip)
+    gradacc_ext.clip_by_value_([x], clip, backend=backend)
+    assert torch.equal(x, want_x)

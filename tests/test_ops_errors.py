@@ -90,15 +90,15 @@ def set_attr(name: str, value_of: Callable[[Inputs], object]) -> Break:
 BAD_LIST_TENSORS: dict[str, tuple[Callable[[Inputs], torch.Tensor], type[Exception], str]] = {
     "int32": (lambda a: torch.randint(-5, 5, (4, 3), dtype=torch.int32, device=a.device), TypeError, "dtype"),
     "complex64": (lambda a: torch.randn(4, 3, dtype=torch.complex64, device=a.device), TypeError, "dtype"),
-    "float64": (lambda a: torch.randn(4, 3, dtype=torch.float64, device=a.device), TypeError, "dtype"),
     "sparse": (lambda a: torch.randn(4, 3, device=a.device).to_sparse(), ValueError, "layout"),
     # every-other column: neither contiguous nor dense, so no op may read it as one block
     "strided": (lambda a: torch.randn(4, 6, device=a.device)[:, ::2], ValueError, "not (contiguous|dense)"),
     "other_device": (lambda a: torch.randn(4, 3, device=a.other), ValueError, "is on"),
     "None": (lambda a: None, ValueError, r"undefined \(None\)"),
 }
-# A transposed (dense, permuted) tensor is read in storage order by the single-list ops and the norms;
-# the accumulate ops pair two lists element by element and unscale_ keeps the contiguous rule.
+# A transposed (dense, permuted) tensor is read in storage order by the single-list ops (norms, clips),
+# which also take float64; the accumulate ops pair two lists element by element and unscale_ keeps the
+# contiguous fp32/fp16/bf16 rule.
 CONTIGUOUS_ONLY = ("accumulate_", "accumulate_final_", "unscale_")
 LIST_ARGS = [
     ("accumulate_", "bufs"),
@@ -126,6 +126,8 @@ for _op, _arg in LIST_ARGS:
     if _op in CONTIGUOUS_ONLY:
         _transposed = replace_item(_arg, lambda a: torch.randn(3, 4, device=a.device).t())
         case(_op, f"{_arg}[1]-transposed", _transposed, ValueError, rf"{_arg}\[1\].*not contiguous")
+        _f64 = replace_item(_arg, lambda a: torch.randn(4, 3, dtype=torch.float64, device=a.device))
+        case(_op, f"{_arg}[1]-float64", _f64, TypeError, rf"{_arg}\[1\].*dtype torch.float64; expected float32, ")
 
 # A scale, flag or norm tensor that is not a one-element float32 tensor on the lists' device.
 BAD_SCALARS: dict[str, tuple[Callable[[Inputs], torch.Tensor], type[Exception], str]] = {

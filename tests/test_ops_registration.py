@@ -37,16 +37,25 @@ def op_samples(device: str, gen: torch.Generator) -> dict[str, list[tuple]]:
     def mixed():
         return rand_list([7, 1000, 65537], [BF16, F32, F16], device, gen)
 
+    def permuted():  # a channels_last tensor among contiguous ones: the norm and clip ops take it in place
+        out = mixed()
+        out[1] = rand((2, 5, 4, 3), F32, device, gen).to(memory_format=torch.channels_last)
+        return out
+
     return {
         "accumulate_": [(*lists(), 0.5, scalar(2.0), False), (*lists(), 1.5, None, True)],
         "accumulate_final_": [
             (*lists(), 0.5, scalar(2.0, (1,)), False, scalar(0.25), scalar(0.0, (1,)), scalar(0.0), 2.0),
             (*lists(), 1.0, None, True, None, scalar(1.0), scalar(0.0), math.inf),
         ],
-        "global_norm": [(mixed(), 2.0, True), (mixed(), math.inf, False)],
+        "global_norm": [(mixed(), 2.0, True), (mixed(), math.inf, False), (permuted(), 3.0, True)],
         "unscale_": [(mixed(), scalar(0.125), scalar(0.0, (1,)))],
-        "clip_by_norm_": [(mixed(), scalar(40.0), 1.0, 1e-6), (mixed(), scalar(1e-3), 1.0, 1e-6)],
-        "clip_by_value_": [(mixed(), 0.5)],
+        "clip_by_norm_": [
+            (mixed(), scalar(40.0), 1.0, 1e-6),
+            (mixed(), scalar(1e-3), 1.0, 1e-6),
+            (permuted(), scalar(40.0).to(F16), 0.0, 1e-6),
+        ],
+        "clip_by_value_": [(mixed(), 0.5), (permuted(), -0.25)],
     }
 
 

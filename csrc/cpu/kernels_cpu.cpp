@@ -39,20 +39,23 @@ NormAcc reduce_norm(const T* __restrict x, int64_t n) {
   return total;
 }
 
-// Any other norm kind, in kLanes accumulators like the fast path: a chunk's
-// sum then rounds like kLanes short sums (sqrt(n / kLanes) growth), not one
-// long one; the lanes merge in a fixed order (deterministic).
-template <typename T>
-NormAcc reduce_norm(const T* __restrict x, int64_t n, NormKind kind, double p) {
-  if (kind == NormKind::kL2 || kind == NormKind::kInf) return reduce_norm(x, n);
-  NormAcc lanes[kLanes];
-  for (auto& lane : lanes) lane = norm_acc_init(kind);
+// Any norm kind in accumulator type A (double for a list that holds float64
+// data), in kLanes accumulators like the fast path: a chunk's sum then rounds
+// like kLanes short sums (sqrt(n / kLanes) growth), not one long one; the
+// lanes merge in a fixed order (deterministic). fp32 L2/inf takes the fast path.
+template <typename A, typename T>
+NormAccT<A> reduce_norm(const T* __restrict x, int64_t n, NormKind kind, double p) {
+  if constexpr (std::is_same_v<A, float> && !std::is_same_v<T, double>) {
+    if (kind == NormKind::kL2 || kind == NormKind::kInf) return reduce_norm(x, n);
+  }
+  NormAccT<A> lanes[kLanes];
+  for (auto& lane : lanes) lane = norm_acc_init<A>(kind);
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) lanes[l] = norm_acc_add(lanes[l], Elem<T>::load(x[i + l]), kind, p);
+    for (int l = 0; l < kLanes; ++l) lanes[l] = norm_acc_add(lanes[l], load_as<A>(x[i + l]), kind, p);
   }
-  NormAcc total = norm_acc_init(kind);
-  for (; i < n; ++i) total = norm_acc_add(total, Elem<T>::load(x[i]), kind, p);
+  NormAccT<A> total = norm_acc_init<A>(kind);
+  for (; i < n; ++i) total = norm_acc_add(total, load_as<A>(x[i]), kind, p);
   for (const auto& lane : lanes) total = norm_acc_merge(total, lane, kind);
   return total;
 }
@@ -89,17 +92,34 @@ NormAcc accumulate_final_chunk(B* buf, const G* grad, int64_t n, float alpha, bo
 }
 
 // Merges per-chunk partials into the total and, optionally, per-tensor norms.
-void finish_norm(const std::vector<ChunkRef>& chunks, const std::vector<NormAcc>& partials,
+template <typename A>
+void finish_norm(const std::vector<ChunkRef>& chunks, const std::vector<NormAccT<A>>& partials,
                  const NormParams& p) {
-  NormAcc total = norm_acc_init(p.norm_kind);
+  NormAccT<A> total = norm_acc_init<A>(p.norm_kind);
   for (const auto& part : partials) total = norm_acc_merge(total, part, p.norm_kind);
-  *p.total_out = norm_acc_result(total, p.norm_kind, p.p);
+  *static_cast<A*>(p.total_out) = norm_acc_result(total, p.norm_kind, p.p);
   if (p.per_tensor_out == nullptr) return;
-  std::vector<NormAcc> per(p.tensors.size(), norm_acc_init(p.norm_kind));
+  std::vector<NormAccT<A>> per(p.tensors.size(), norm_acc_init<A>(p.norm_kind));
   for (size_t c = 0; c < chunks.size(); ++c) {
     per[chunks[c].tensor] = norm_acc_merge(per[chunks[c].tensor], partials[c], p.norm_kind);
   }
-  for (size_t t = 0; t < per.size(); ++t) p.per_tensor_out[t] = norm_acc_result(per[t], p.norm_kind, p.p);
+  A* out = static_cast<A*>(p.per_tensor_out);
+  for (size_t t = 0; t < per.size(); ++t) out[t] = norm_acc_result(per[t], p.norm_kind, p.p);
+}
+
+template <typename A>
+void norm_in(const NormParams& p) {
+  const auto chunks = list_chunks(p.tensors);
+  std::vector<NormAccT<A>> partials(chunks.size());
+  for_each_chunk(p.tensors, chunks, [&](int64_t c, const ChunkRef& ref) {
+    const Span& s = p.tensors[ref.tensor];
+    const int64_t n = std::min(kChunkElems, s.numel - ref.first_elem);
+    dispatch_dtype_f64(s.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      partials[c] = reduce_norm<A>(static_cast<const T*>(s.data) + ref.first_elem, n, p.norm_kind, p.p);
+    });
+  });
+  finish_norm(chunks, partials, p);
 }
 
 }  // namespace
@@ -136,42 +156,43 @@ void accumulate(const AccumulateParams& p) {
 }
 
 void norm(const NormParams& p) {
-  const auto chunks = list_chunks(p.tensors);
-  std::vector<NormAcc> partials(chunks.size());
-  for_each_chunk(p.tensors, chunks, [&](int64_t c, const ChunkRef& ref) {
-    const Span& s = p.tensors[ref.tensor];
-    const int64_t n = std::min(kChunkElems, s.numel - ref.first_elem);
-    dispatch_dtype(s.dtype, [&](auto tag) {
-      using T = decltype(tag);
-      partials[c] = reduce_norm(static_cast<const T*>(s.data) + ref.first_elem, n, p.norm_kind, p.p);
-    });
-  });
-  finish_norm(chunks, partials, p);
+  if (p.wide) {
+    norm_in<double>(p);
+  } else {
+    norm_in<float>(p);
+  }
 }
 
 void scale(const ScaleParams& p) {
   float factor = 1.0f;
+  double factor_f64 = 1.0;  // float64 tensors are clipped in double, as torch does
   if (p.mode == ScaleMode::kUnscale) factor = *p.inv_scale_ptr;
   if (p.mode == ScaleMode::kClipNorm) {
-    factor = clip_coefficient(load_scalar(p.norm_ptr, p.norm_dtype), p.max_norm, p.eps);
-    if (factor >= 1.0f) return;  // nothing to clip: leave memory untouched
+    factor = clip_coefficient(load_scalar<float>(p.norm_ptr, p.norm_dtype), float(p.max_norm), float(p.eps));
+    factor_f64 = clip_coefficient(load_scalar<double>(p.norm_ptr, p.norm_dtype), p.max_norm, p.eps);
+    if (factor >= 1.0f && factor_f64 >= 1.0) return;  // nothing to clip: leave memory untouched
   }
   const auto chunks = list_chunks(p.tensors);
   std::atomic<bool> found{false};
   for_each_chunk(p.tensors, chunks, [&](int64_t, const ChunkRef& ref) {
     const Span& s = p.tensors[ref.tensor];
     const int64_t n = std::min(kChunkElems, s.numel - ref.first_elem);
-    dispatch_dtype(s.dtype, [&](auto tag) {
+    dispatch_dtype_f64(s.dtype, [&](auto tag) {
       using T = decltype(tag);
       T* x = static_cast<T*>(s.data) + ref.first_elem;
-      if (p.mode == ScaleMode::kClipValue) {
-        for (int64_t i = 0; i < n; ++i) x[i] = Elem<T>::store(clip_value(Elem<T>::load(x[i]), p.clip_value));
-        return;
+      if constexpr (std::is_same_v<T, double>) {  // the clips only (the binding refuses float64 for unscale_)
+        for (int64_t i = 0; i < n; ++i) {
+          x[i] = p.mode == ScaleMode::kClipValue ? clip_value(x[i], p.clip_value) : Arith<double>::mul(x[i], factor_f64);
+        }
+      } else if (p.mode == ScaleMode::kClipValue) {
+        const float v = float(p.clip_value);
+        for (int64_t i = 0; i < n; ++i) x[i] = Elem<T>::store(clip_value(Elem<T>::load(x[i]), v));
+      } else {
+        if (p.mode == ScaleMode::kUnscale && !is_finite(reduce_norm(x, n).maxabs)) {
+          found.store(true, std::memory_order_relaxed);  // checked on the input, as torch's unscale does
+        }
+        for (int64_t i = 0; i < n; ++i) x[i] = Elem<T>::store(mul_rn(Elem<T>::load(x[i]), factor));
       }
-      if (p.mode == ScaleMode::kUnscale && !is_finite(reduce_norm(x, n).maxabs)) {
-        found.store(true, std::memory_order_relaxed);  // checked on the input, as torch's unscale does
-      }
-      for (int64_t i = 0; i < n; ++i) x[i] = Elem<T>::store(mul_rn(Elem<T>::load(x[i]), factor));
     });
   });
   if (p.mode == ScaleMode::kUnscale && found.load()) *p.found_inf = 1.0f;

@@ -16,6 +16,16 @@ GRADACC_HD void dispatch_dtype(DType dtype, F&& f) {
   }
 }
 
+// The single-list ops (norms, clips) also take float64 tensors.
+template <typename F>
+GRADACC_HD void dispatch_dtype_f64(DType dtype, F&& f) {
+  if (dtype == DType::kFloat64) {
+    f(double{});
+  } else {
+    dispatch_dtype(dtype, f);
+  }
+}
+
 // Accumulation pairs: the buffer is fp32 or the grad's own dtype.
 template <typename F>
 GRADACC_HD void dispatch_buf_grad(DType buf, DType grad, F&& f) {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define GRADACC_HD __host__ __device__ __forceinline__
@@ -20,8 +21,8 @@ namespace gradacc {
 
 // Element types the kernels understand. The 16-bit types are plain bit
 // containers so that device code needs neither torch nor cuda_fp16.h.
-// kFloat64: list elements of the fused optimizer steps (optim_math.cuh) and
-// one-element scalars elsewhere (a clip's total_norm).
+// kFloat64: list elements of the norm and clip ops and of the fused optimizer
+// steps (optim_math.cuh), and a clip's total_norm.
 enum class DType : int8_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64 = 3 };
 
 struct Half { uint16_t bits; };
@@ -29,7 +30,7 @@ struct BFloat16 { uint16_t bits; };
 
 // The vector norms of torch.linalg.vector_norm. kL2 and kInf share the fast
 // path (sum of squares and max |x| in one pass); 0, 1 and -inf are exact
-// special cases; kP is any other p, through pow.
+// special cases; kP is any other p, through pow_d.
 enum class NormKind : int8_t { kL2 = 0, kInf = 1, kNegInf = 2, kZero = 3, kOne = 4, kP = 5 };
 
 GRADACC_HD uint32_t float_bits(float f) {
@@ -165,91 +166,194 @@ GRADACC_HD float accumulate_final_value(float buf, float grad, float alpha, bool
   return mul_rn(accumulate_value(buf, grad, alpha, assign), inv_scale);
 }
 
-// min(1, max_norm / (norm + eps)); a NaN norm gives NaN, as torch's clamp does.
-GRADACC_HD float clip_coefficient(float norm, float max_norm, float eps) {
-  const float coef = div_rn(max_norm, add_rn(norm, eps));
-  return (coef < 1.0f || is_nan(coef)) ? coef : 1.0f;
-}
-
 // torch.clamp(x, -v, v): max with -v, then min with v, so a negative v (an
-// empty range) gives v everywhere, as torch does; NaN stays NaN.
-GRADACC_HD float clip_value(float x, float v) {
-  const float lo = x < -v ? -v : x;
+// empty range) gives v everywhere, as torch does; NaN stays NaN. float or double.
+template <typename A>
+GRADACC_HD A clip_value(A x, A v) {
+  const A lo = x < -v ? -v : x;
   return lo > v ? v : lo;
 }
 
-// Running statistics for the global norm. For kL2/kInf: sum of squares and
-// max |x|. For the other kinds `sumsq` is the sum of the p-norm's terms
-// (norm_term) and `maxabs` is the extreme |x| the kind needs: the minimum
-// for kNegInf (whose sum counts the elements, so an empty input gives 0).
-struct NormAcc {
-  float sumsq;
-  float maxabs;
+GRADACC_HD uint64_t double_bits(double d) {
+#if defined(__CUDA_ARCH__)
+  return uint64_t(__double_as_longlong(d));
+#else
+  uint64_t u;
+  std::memcpy(&u, &d, sizeof u);
+  return u;
+#endif
+}
+
+GRADACC_HD double bits_double(uint64_t u) {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double((long long)u);
+#else
+  double d;
+  std::memcpy(&d, &u, sizeof d);
+  return d;
+#endif
+}
+
+// a^b for a >= 0 as exp(b * log(a)) in double: within ~|b log a| * 2^-53 of
+// the exact power (far below a float's rounding, ~1e-14 relative in double),
+// and light enough for the device kernels (::pow's double-double path spills
+// registers there). log(0) = -inf gives 0 or inf, as the power does.
+GRADACC_HD double pow_d(double a, double b) { return ::exp(b * ::log(a)); }
+
+// The arithmetic of a norm accumulator or clip in A = float (fp32/fp16/bf16
+// data) or double (float64 data): round-to-nearest and never contracted, on
+// host and device, like mul_rn/add_rn. Absolute values order like their bit
+// patterns, and every NaN pattern is above +Inf's (see max_abs_nan).
+template <typename A> struct Arith;
+
+template <> struct Arith<float> {
+  GRADACC_HD static float add(float a, float b) { return add_rn(a, b); }
+  GRADACC_HD static float mul(float a, float b) { return mul_rn(a, b); }
+  GRADACC_HD static float div(float a, float b) { return div_rn(a, b); }
+  GRADACC_HD static float sqrt(float a) {
+#if defined(__CUDA_ARCH__)
+    return __fsqrt_rn(a);
+#else
+    return std::sqrt(a);
+#endif
+  }
+  GRADACC_HD static float abs(float x) { return abs_f(x); }
+  GRADACC_HD static bool isnan(float x) { return is_nan(x); }
+  GRADACC_HD static float inf() { return bits_float(0x7F800000u); }
+  GRADACC_HD static float max_abs(float a, float b) { return max_abs_nan(a, b); }
+  GRADACC_HD static float min_abs(float a, float b) {
+    if (is_nan(a) || is_nan(b)) return bits_float(0x7FC00000u);
+    return float_bits(a) < float_bits(b) ? a : b;
+  }
 };
 
-// min of two non-negative values that propagates NaN (the -inf norm).
-GRADACC_HD float min_abs_nan(float a, float b) {
-  if (is_nan(a) || is_nan(b)) return bits_float(0x7FC00000u);
-  return float_bits(a) < float_bits(b) ? a : b;
+template <> struct Arith<double> {
+  GRADACC_HD static double add(double a, double b) {
+#if defined(__CUDA_ARCH__)
+    return __dadd_rn(a, b);
+#else
+    return a + b;
+#endif
+  }
+  GRADACC_HD static double mul(double a, double b) {
+#if defined(__CUDA_ARCH__)
+    return __dmul_rn(a, b);
+#else
+    return a * b;
+#endif
+  }
+  GRADACC_HD static double div(double a, double b) {
+#if defined(__CUDA_ARCH__)
+    return __ddiv_rn(a, b);
+#else
+    return a / b;
+#endif
+  }
+  GRADACC_HD static double sqrt(double a) {
+#if defined(__CUDA_ARCH__)
+    return __dsqrt_rn(a);
+#else
+    return std::sqrt(a);
+#endif
+  }
+  GRADACC_HD static double abs(double x) { return bits_double(double_bits(x) & 0x7FFFFFFFFFFFFFFFull); }
+  GRADACC_HD static bool isnan(double x) { return (double_bits(x) & 0x7FFFFFFFFFFFFFFFull) > 0x7FF0000000000000ull; }
+  GRADACC_HD static double inf() { return bits_double(0x7FF0000000000000ull); }
+  GRADACC_HD static double max_abs(double a, double b) { return double_bits(a) > double_bits(b) ? a : b; }
+  GRADACC_HD static double min_abs(double a, double b) {
+    if (isnan(a) || isnan(b)) return bits_double(0x7FF8000000000000ull);
+    return double_bits(a) < double_bits(b) ? a : b;
+  }
+};
+
+// min(1, max_norm / (norm + eps)); a NaN norm gives NaN, as torch's clamp does.
+template <typename A>
+GRADACC_HD A clip_coefficient(A norm, A max_norm, A eps) {
+  const A coef = Arith<A>::div(max_norm, Arith<A>::add(norm, eps));
+  return (coef < A(1) || Arith<A>::isnan(coef)) ? coef : A(1);
 }
 
-GRADACC_HD double pow_d(double a, double b) { return ::pow(a, b); }
+// Running statistics for the global norm, in A = float, or double when the
+// list holds float64 data. For kL2/kInf: sum of squares and max |x|. For the
+// other kinds `sumsq` is the sum of the p-norm's terms (norm_term) and
+// `maxabs` is the extreme |x| the kind needs: the minimum for kNegInf (whose
+// sum counts the elements, so an empty input gives 0).
+template <typename A>
+struct NormAccT {
+  A sumsq;
+  A maxabs;
+};
+using NormAcc = NormAccT<float>;
 
-GRADACC_HD NormAcc norm_acc_init(NormKind kind = NormKind::kL2) {
-  return NormAcc{0.0f, kind == NormKind::kNegInf ? bits_float(0x7F800000u) : 0.0f};
+template <typename A = float>
+GRADACC_HD NormAccT<A> norm_acc_init(NormKind kind = NormKind::kL2) {
+  return NormAccT<A>{A(0), kind == NormKind::kNegInf ? Arith<A>::inf() : A(0)};
 }
 
-// The L2 / inf fast path: both statistics at once.
+// The fp32 L2 / inf fast path: both statistics at once.
 GRADACC_HD NormAcc norm_acc_add(NormAcc a, float x) {
   return NormAcc{add_rn(a.sumsq, mul_rn(x, x)), max_abs_nan(a.maxabs, abs_f(x))};
 }
 
 // What element x adds to the sum of a kind. kZero counts x != 0 (a NaN
-// counts, as in torch); kP rounds |x|^p from double once.
-GRADACC_HD float norm_term(float x, NormKind kind, double p) {
+// counts, as in torch); kP computes |x|^p in double (pow_d) and rounds once.
+template <typename A>
+GRADACC_HD A norm_term(A x, NormKind kind, double p) {
   switch (kind) {
-    case NormKind::kZero: return x != 0.0f ? 1.0f : 0.0f;
-    case NormKind::kOne: return abs_f(x);
-    case NormKind::kNegInf: return 1.0f;
-    case NormKind::kP: return float(pow_d(double(abs_f(x)), p));
-    default: return mul_rn(x, x);
+    case NormKind::kZero: return x != A(0) ? A(1) : A(0);
+    case NormKind::kOne: return Arith<A>::abs(x);
+    case NormKind::kNegInf: return A(1);
+    case NormKind::kP: return A(pow_d(double(Arith<A>::abs(x)), p));
+    default: return Arith<A>::mul(x, x);
   }
 }
 
-// Any kind; kL2 and kInf give exactly what norm_acc_add gives.
-GRADACC_HD NormAcc norm_acc_add(NormAcc a, float x, NormKind kind, double p) {
-  const float ext = kind == NormKind::kNegInf ? min_abs_nan(a.maxabs, abs_f(x)) : max_abs_nan(a.maxabs, abs_f(x));
-  return NormAcc{add_rn(a.sumsq, norm_term(x, kind, p)), ext};
+// Any kind; for fp32, kL2 and kInf give exactly what norm_acc_add gives.
+template <typename A>
+GRADACC_HD NormAccT<A> norm_acc_add(NormAccT<A> a, A x, NormKind kind, double p) {
+  const A ax = Arith<A>::abs(x);
+  const A ext = kind == NormKind::kNegInf ? Arith<A>::min_abs(a.maxabs, ax) : Arith<A>::max_abs(a.maxabs, ax);
+  return NormAccT<A>{Arith<A>::add(a.sumsq, norm_term(x, kind, p)), ext};
 }
 
-GRADACC_HD NormAcc norm_acc_merge(NormAcc a, NormAcc b, NormKind kind = NormKind::kL2) {
-  const float ext = kind == NormKind::kNegInf ? min_abs_nan(a.maxabs, b.maxabs) : max_abs_nan(a.maxabs, b.maxabs);
-  return NormAcc{add_rn(a.sumsq, b.sumsq), ext};
+template <typename A>
+GRADACC_HD NormAccT<A> norm_acc_merge(NormAccT<A> a, NormAccT<A> b, NormKind kind = NormKind::kL2) {
+  const A ext =
+      kind == NormKind::kNegInf ? Arith<A>::min_abs(a.maxabs, b.maxabs) : Arith<A>::max_abs(a.maxabs, b.maxabs);
+  return NormAccT<A>{Arith<A>::add(a.sumsq, b.sumsq), ext};
 }
 
-GRADACC_HD float norm_acc_result(NormAcc a, NormKind kind, double p = 2.0) {
+template <typename A>
+GRADACC_HD A norm_acc_result(NormAccT<A> a, NormKind kind, double p = 2.0) {
   switch (kind) {
     case NormKind::kInf: return a.maxabs;
-    case NormKind::kNegInf: return a.sumsq == 0.0f ? 0.0f : a.maxabs;
+    case NormKind::kNegInf: return a.sumsq == A(0) ? A(0) : a.maxabs;
     case NormKind::kZero:
     case NormKind::kOne: return a.sumsq;
-    case NormKind::kP: return float(pow_d(double(a.sumsq), 1.0 / p));
-    default: break;
+    case NormKind::kP: return A(pow_d(double(a.sumsq), 1.0 / p));
+    default: return Arith<A>::sqrt(a.sumsq);
   }
-#if defined(__CUDA_ARCH__)
-  return __fsqrt_rn(a.sumsq);
-#else
-  return std::sqrt(a.sumsq);
-#endif
 }
 
-// A one-element scalar of any float dtype (a clip's total_norm), as float.
-GRADACC_HD float load_scalar(const void* ptr, DType dtype) {
+// An element of any list dtype as accumulator type A. A float64 element
+// only ever meets A = double (the binding widens a list that holds one).
+template <typename A, typename T>
+GRADACC_HD A load_as(T x) {
+  if constexpr (std::is_same_v<T, double>) {
+    return A(x);
+  } else {
+    return A(Elem<T>::load(x));
+  }
+}
+
+// A one-element scalar of any float dtype (a clip's total_norm), as A.
+template <typename A>
+GRADACC_HD A load_scalar(const void* ptr, DType dtype) {
   switch (dtype) {
-    case DType::kFloat16: return half_to_float(*static_cast<const Half*>(ptr));
-    case DType::kBFloat16: return bf16_to_float(*static_cast<const BFloat16*>(ptr));
-    case DType::kFloat64: return float(*static_cast<const double*>(ptr));
-    default: return *static_cast<const float*>(ptr);
+    case DType::kFloat16: return A(half_to_float(*static_cast<const Half*>(ptr)));
+    case DType::kBFloat16: return A(bf16_to_float(*static_cast<const BFloat16*>(ptr)));
+    case DType::kFloat64: return A(*static_cast<const double*>(ptr));
+    default: return A(*static_cast<const float*>(ptr));
   }
 }
 

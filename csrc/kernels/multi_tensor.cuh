@@ -116,11 +116,14 @@ struct VecWords {
   }
 };
 
-// Reads W elements at p (16-byte aligned when W == kVec).
+// Reads W elements at p (16-byte aligned when W == kVec). A double (float64
+// lists of the norm and clip ops) is always read one at a time: callers pass
+// vec = false for it, and the kVec instantiation reads element by element.
 template <int W, typename T>
 __device__ __forceinline__ void load_raw(const T* p, T (&x)[W]) {
-  if constexpr (W == 1) {
-    x[0] = *p;
+  if constexpr (W == 1 || sizeof(T) == 8) {
+#pragma unroll
+    for (int i = 0; i < W; ++i) x[i] = p[i];
   } else {
     static_assert(W == kVec, "vector width");
     VecWords<T> v;
@@ -137,8 +140,9 @@ __device__ __forceinline__ void load_raw(const T* p, T (&x)[W]) {
 
 template <int W, typename T>
 __device__ __forceinline__ void store_raw(T* p, const T (&x)[W]) {
-  if constexpr (W == 1) {
-    *p = x[0];
+  if constexpr (W == 1 || sizeof(T) == 8) {
+#pragma unroll
+    for (int i = 0; i < W; ++i) p[i] = x[i];
   } else {
     static_assert(W == kVec, "vector width");
     VecWords<T> v;
@@ -183,23 +187,24 @@ __device__ __forceinline__ void for_each_group(int n, bool vec, F&& fn) {
 // Fixed-shape tree (warp shuffles, then warp 0 over the per-warp results):
 // same inputs, same bits. The result is valid in thread 0. Every thread of
 // the block must call it. `kind` picks the merge (the -inf norm keeps a min).
-__device__ __forceinline__ NormAcc block_reduce(NormAcc a, NormKind kind = NormKind::kL2) {
-  __shared__ NormAcc warp_acc[kWarps];
+template <typename A>
+__device__ __forceinline__ NormAccT<A> block_reduce(NormAccT<A> a, NormKind kind = NormKind::kL2) {
+  __shared__ NormAccT<A> warp_acc[kWarps];
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) {
-    a = norm_acc_merge(a,
-                       NormAcc{__shfl_down_sync(0xFFFFFFFFu, a.sumsq, off), __shfl_down_sync(0xFFFFFFFFu, a.maxabs, off)},
-                       kind);
+    a = norm_acc_merge(
+        a, NormAccT<A>{__shfl_down_sync(0xFFFFFFFFu, a.sumsq, off), __shfl_down_sync(0xFFFFFFFFu, a.maxabs, off)},
+        kind);
   }
   if (lane == 0) warp_acc[warp] = a;
   __syncthreads();
   if (warp == 0) {
-    a = lane < kWarps ? warp_acc[lane] : norm_acc_init(kind);
+    a = lane < kWarps ? warp_acc[lane] : norm_acc_init<A>(kind);
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) {
       a = norm_acc_merge(
-          a, NormAcc{__shfl_down_sync(0xFFFFFFFFu, a.sumsq, off), __shfl_down_sync(0xFFFFFFFFu, a.maxabs, off)},
+          a, NormAccT<A>{__shfl_down_sync(0xFFFFFFFFu, a.sumsq, off), __shfl_down_sync(0xFFFFFFFFu, a.maxabs, off)},
           kind);
     }
   }

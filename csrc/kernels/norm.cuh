@@ -13,36 +13,48 @@
 
 namespace gradacc::cuda {
 
+// A = float, or double for a list that holds float64 data (NormParams::wide).
+template <typename A>
 struct NormArgs {
-  NormAcc* partials;      // one per global chunk
+  NormAccT<A>* partials;  // one per global chunk
   int32_t* chunk_tensor;  // one per global chunk: its tensor's index in the list
   double p;               // the order, for NormKind::kP
   NormKind kind;
 };
-static_assert(sizeof(ListMeta<1>) + sizeof(NormArgs) <= kParamLimit, "norm kernel parameters");
+static_assert(sizeof(ListMeta<1>) + sizeof(NormArgs<double>) <= kParamLimit, "norm kernel parameters");
 
-// kFast: the L2 / inf path (norm_acc_add without a per-element switch);
-// otherwise any kind, with the same per-element math as the CPU kernel.
-template <bool kFast>
+// kFast: the fp32 L2 / inf path (16-byte loads, norm_acc_add without a
+// per-element switch). Otherwise any kind, with the same per-element math as
+// the CPU kernel, reading one element at a time: pow dominates there, and
+// holding a vector of values live across its calls would spill registers.
+// A float accumulator never meets float64 data (the binding widens such a
+// list to A = double), so only A = double dispatches on it.
+template <typename A, bool kFast>
 __global__ void __launch_bounds__(kBlockThreads)
-    norm_kernel(const __grid_constant__ ListMeta<1> meta, const NormArgs args) {
+    norm_kernel(const __grid_constant__ ListMeta<1> meta, const NormArgs<A> args) {
   const BlockChunk c = block_chunk(meta);
-  NormAcc acc = norm_acc_init(args.kind);
-  dispatch_dtype(meta.dtype[0][c.slot], [&](auto tag) {
+  NormAccT<A> acc = norm_acc_init<A>(args.kind);
+  const auto reduce = [&](auto tag) {
     using T = decltype(tag);
     const T* x = static_cast<const T*>(meta.data[0][c.slot]) + c.first_elem;
-    for_each_group(c.n, aligned16(x), [&](auto width, int i) {
+    for_each_group(c.n, kFast && aligned16(x), [&](auto width, int i) {
       constexpr int W = decltype(width)::value;
-      T v[W];
-      load_raw<W>(x + i, v);
+      if constexpr (kFast && std::is_same_v<A, float> && !std::is_same_v<T, double>) {
+        T v[W];
+        load_raw<W>(x + i, v);
 #pragma unroll
-      for (int k = 0; k < W; ++k) {
-        if constexpr (kFast) acc = norm_acc_add(acc, Elem<T>::load(v[k]));
-        else acc = norm_acc_add(acc, Elem<T>::load(v[k]), args.kind, args.p);
+        for (int k = 0; k < W; ++k) acc = norm_acc_add(acc, Elem<T>::load(v[k]));
+      } else {
+        for (int k = 0; k < W; ++k) acc = norm_acc_add(acc, load_as<A>(x[i + k]), args.kind, args.p);
       }
     });
-  });
-  const NormAcc total = block_reduce(acc, args.kind);
+  };
+  if constexpr (std::is_same_v<A, double>) {
+    dispatch_dtype_f64(meta.dtype[0][c.slot], reduce);
+  } else {
+    dispatch_dtype(meta.dtype[0][c.slot], reduce);
+  }
+  const NormAccT<A> total = block_reduce(acc, args.kind);
   if (threadIdx.x == 0) {
     const int64_t g = meta.first_chunk + blockIdx.x;
     args.partials[g] = total;
@@ -62,20 +74,21 @@ __device__ __forceinline__ int64_t lower_bound(const int32_t* keys, int64_t n, i
 
 // Grid: 1 block for the total, plus one per tensor when per_tensor_out is set
 // (then chunk_tensor must be filled). With no chunks at all every output is 0.
+template <typename A>
 __global__ void __launch_bounds__(kBlockThreads)
-    norm_finalize_kernel(const NormAcc* partials, const int32_t* chunk_tensor, int64_t num_chunks, NormKind kind,
-                         double p, float* total_out, float* per_tensor_out) {
+    norm_finalize_kernel(const NormAccT<A>* partials, const int32_t* chunk_tensor, int64_t num_chunks, NormKind kind,
+                         double p, A* total_out, A* per_tensor_out) {
   int64_t begin = 0, end = num_chunks;
   if (blockIdx.x > 0) {
     const int32_t t = int32_t(blockIdx.x - 1);
     begin = lower_bound(chunk_tensor, num_chunks, t);
     end = lower_bound(chunk_tensor, num_chunks, t + 1);
   }
-  NormAcc acc = norm_acc_init(kind);
+  NormAccT<A> acc = norm_acc_init<A>(kind);
   for (int64_t i = begin + threadIdx.x; i < end; i += kBlockThreads) acc = norm_acc_merge(acc, partials[i], kind);
   acc = block_reduce(acc, kind);
   if (threadIdx.x != 0) return;
-  const float result = norm_acc_result(acc, kind, p);
+  const A result = norm_acc_result(acc, kind, p);
   if (blockIdx.x == 0) *total_out = result;
   else per_tensor_out[blockIdx.x - 1] = result;
 }

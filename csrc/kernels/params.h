@@ -38,18 +38,21 @@ struct AccumulateParams {
 };
 
 // Global norm of a tensor list, and optionally each tensor's own norm.
+// `wide` (the list holds a float64 tensor): accumulate in double, and the
+// outputs are doubles; otherwise fp32 accumulation and float outputs.
 struct NormParams {
   std::vector<Span> tensors;
   NormKind norm_kind = NormKind::kL2;
-  double p = 2.0;                   // the order, used by NormKind::kP
-  float* total_out = nullptr;       // one float
-  float* per_tensor_out = nullptr;  // tensors.size() floats, or null
+  double p = 2.0;                  // the order, used by NormKind::kP
+  bool wide = false;
+  void* total_out = nullptr;       // one float (double if wide)
+  void* per_tensor_out = nullptr;  // tensors.size() of them, or null
 };
 
 // In-place element-wise rescaling of a list; the mode picks the element op.
 enum class ScaleMode : int8_t {
   kUnscale = 0,    // x *= *inv_scale_ptr; raise *found_inf on non-finite
-  kClipNorm = 1,   // x *= clip_coefficient(load_scalar(norm_ptr, norm_dtype), max_norm, eps), skipped when >= 1
+  kClipNorm = 1,   // x *= clip_coefficient(total norm, max_norm, eps) (in double for float64 x), skipped when >= 1
   kClipValue = 2,  // x = clamp(x, -clip_value, clip_value)
 };
 
@@ -60,9 +63,10 @@ struct ScaleParams {
   float* found_inf = nullptr;
   const void* norm_ptr = nullptr;  // a one-element scalar of any float dtype
   DType norm_dtype = DType::kFloat32;
-  float max_norm = 0.0f;
-  float eps = 0.0f;
-  float clip_value = 0.0f;
+  // As given: float64 tensors use them in double, the others rounded to float.
+  double max_norm = 0.0;
+  double eps = 0.0;
+  double clip_value = 0.0;
 };
 
 }  // namespace gradacc

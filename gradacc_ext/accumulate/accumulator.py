@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..distributed.grad_sync import FSDP2Sync, grad_sync_for
+from ..distributed.grad_sync import grad_sync_for
 from .buffers import GradBuffers
 from .checkpoint import Checkpoint
 from .config import GradientAccumulationConfig
@@ -71,6 +71,7 @@ class GradientAccumulator:
         self.config = config
         self.attached = False
         self._in_micro_step = False
+        self._closing = False  # micro_step(last=True): this micro-batch closes the window
         self._backward_done = False
         self._last_backpropagated: torch.Tensor | None = None
         if model_or_params is not None or optimizer is not None:
@@ -121,13 +122,13 @@ class GradientAccumulator:
         self.module, self.params = module, params
         self.optimizer, self.scheduler = optimizer, scheduler
         self._checks = MigrationChecks(c)
-        self._buffers = GradBuffers(self.params, c.accum_dtype, c.backend, release=c.release_buffers)
+        self._sync = grad_sync_for(self.module, self.params, c)  # validates the setup; no collective runs
+        # The strategy also maps sharded parameters to their local shards for the buffers (FSDP2).
+        self._buffers = GradBuffers(self.params, c.accum_dtype, c.backend, release=c.release_buffers, shards=self._sync)
         self.device = self._buffers.device
-        self._sync = grad_sync_for(self.module)
         self._loss_scale = LossScale.for_config(c, scaler, self.device)
         self.stats = AccumulatorStats(self.device, c.grad_norm_history, c.track_memory)
-        fsdp = isinstance(self._sync, FSDP2Sync)
-        self._window = Window(c.loss_normalization, self.device, weighting_allowed=not fsdp)
+        self._window = Window(c.loss_normalization, self.device, weighting_allowed=self._sync.weights_micro_batches)
         self._stepper = OptimizerStepper(optimizer, scheduler, c.skip_nonfinite, self.stats)
         self._end = WindowEnd(c, self._buffers, self._sync, self._loss_scale, self._stepper, self.stats)
         self._checkpoint = Checkpoint(c, self._window, self._buffers, self.stats, self._loss_scale, self._stepper)
@@ -159,23 +160,26 @@ class GradientAccumulator:
         return self._window.micro + 1 == self.accumulation_steps
 
     @contextlib.contextmanager
-    def micro_step(self) -> Iterator[GradientAccumulator]:
+    def micro_step(self, last: bool = False) -> Iterator[GradientAccumulator]:
         """Run one micro-batch's forward and backward() inside: enters DDP's no_sync and the configured autocast.
 
+        last=True: this micro-batch closes the window even if it is short (the
+        data's last batch); needed instead of flush() under HSDP and FSDP2's
+        "window" mode, where only a synced backward releases FSDP's sums.
         If the body raises, the partial gradients of that micro-batch are dropped
         and the window is left as it was before it.
         """
         if self._in_micro_step:
             raise RuntimeError("GradientAccumulator.micro_step() cannot be nested")
-        self._in_micro_step, self._backward_done = True, False
+        self._in_micro_step, self._backward_done, self._closing = True, False, bool(last)
         try:
-            with self._sync.context(), self._autocast():
+            with self._sync.context(self.sync_gradients or self._closing), self._autocast():
                 yield self
         except BaseException:
             self._drop_grads()
             raise
         finally:
-            self._in_micro_step = False
+            self._in_micro_step = self._closing = False
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         mode = self.config.mixed_precision
@@ -220,17 +224,19 @@ class GradientAccumulator:
         window's normaliser; only the part that completes a micro-batch counts
         as a micro-step, and only it can close the window.
         """
-        final = completes_micro_batch and self._window.micro + 1 == self.accumulation_steps
+        final = completes_micro_batch and (self._closing or self._window.micro + 1 == self.accumulation_steps)
         scaled = self._loss_scale.scale(loss) if self._loss_scale is not None else loss
-        self._sync.before_backward(final)
-        self._hooks.arm(weight)
+        # False: the wrapper reduces straight into the buffers (DDP overlap's closing backward); no folding.
+        folds = self._sync.before_backward(final, self._buffers)
+        if folds:
+            self._hooks.arm(weight)
         try:
             # Backward runs outside autocast (torch's recommendation); ops reuse the forward's dtypes.
             with torch.autocast(self.device.type, enabled=False):
                 scaled.reshape(()).backward()
-            self._hooks.finish()
+            self._hooks.finish() if folds else self._drop_grads()
         except BaseException:
-            self._abort_backward()
+            self._abort_backward(undoable=folds)
             raise
         self._window.commit(weighted, count)
         self._last_backpropagated = scaled.detach()
@@ -242,10 +248,10 @@ class GradientAccumulator:
             self._end.close(self._window)
         return final
 
-    def _abort_backward(self) -> None:
+    def _abort_backward(self, undoable: bool = True) -> None:
         """A failed backward: undo what it folded, or discard the window when that cannot be exact."""
         self._drop_grads()
-        if not self._hooks.abort():
+        if not self._hooks.abort() or not undoable:
             self._buffers.release()
             self._window.reset()
             warnings.warn(
@@ -371,7 +377,8 @@ class GradientAccumulator:
         """Mid-window buffers, counters and loss scale; save it with the model, optimizer and scheduler."""
         if self._in_micro_step:
             raise RuntimeError("GradientAccumulator.state_dict: called inside micro_step()")
-        return self._checkpoint.state_dict()
+        # FSDP2 and DDP: sharded and per-rank values as DTensors, for torch.distributed.checkpoint.
+        return self._sync.wrap_state(self._checkpoint.state_dict(), self._buffers)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._checkpoint.load_state_dict(state)
+        self._checkpoint.load_state_dict(self._sync.unwrap_state(state, self._buffers))

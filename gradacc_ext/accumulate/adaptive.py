@@ -13,7 +13,10 @@ is re-raised as a RuntimeError that says so.
 This follows Composer's device_train_microbatch_size="auto" (ANCHORS.md),
 with one difference that removes its DDP deadlock (Composer PR #2117): no
 collective runs until the window's end, so ranks may split differently
-without agreeing first.
+without agreeing first. Under FSDP2/HSDP and DDP's "overlap" mode collectives
+run inside micro-steps, so an OOM is re-raised at once as a clear error on
+its rank (the others fail at the process group's timeout) instead of
+splitting alone and desynchronising the collectives.
 """
 
 from __future__ import annotations
@@ -119,6 +122,13 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
                     closed = self._run_chunk(chunk, n, total, loss_fn, last=not queue)
                 except torch.OutOfMemoryError as oom:
                     self._drop_grads()
+                    if not self._sync.splits_alone:
+                        raise RuntimeError(
+                            f"AdaptiveGradientAccumulator: out of memory at micro-batch size {n} under "
+                            f"{self._sync.name}, whose forward/backward run collectives, so this rank cannot split "
+                            "alone; the other ranks fail at the process group's timeout. Lower micro_batch_size "
+                            "(or use DDP with ddp_reduce='buffer', where ranks split independently)"
+                        ) from oom
                     if torch.cuda.is_available():
                         torch.cuda.empty_cache()
                     if n <= self.min_micro_batch_size:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import SimpleNamespace
+from typing import Protocol
 
 import torch
 
@@ -65,8 +66,23 @@ def _reference_ops() -> SimpleNamespace:
     )
 
 
+class Shards(Protocol):
+    """Maps sharded parameters to what the buffers hold (gradacc_ext.distributed's strategies implement it)."""
+
+    def layout(self, params: Sequence[torch.nn.Parameter]) -> list[torch.Tensor]: ...  # the local shards
+
+    def local_grad(self, grad: torch.Tensor | None) -> torch.Tensor | None: ...  # a gradient's local shard
+
+    def param_grad(self, index: int, grad: torch.Tensor) -> torch.Tensor: ...  # what the optimizer gets
+
+
 class GradBuffers:
-    """Flat accumulation buffers for `params` (trainable, on one device)."""
+    """Flat accumulation buffers for `params` (trainable, on one device).
+
+    shards: for sharded (FSDP2 DTensor) parameters, the buffers mirror each local
+    shard (`layout`), take gradients' local shards and show the optimizer
+    DTensor gradients; None: plain parameters.
+    """
 
     def __init__(
         self,
@@ -75,18 +91,20 @@ class GradBuffers:
         backend: str,
         *,
         release: bool = False,
+        shards: Shards | None = None,
     ) -> None:
         self.params = list(params)
         self.backend = backend
         self.release_after_step = release
-        if any(type(p).__name__ == "DTensor" or type(p.data).__name__ == "DTensor" for p in self.params):
-            # FSDP2's sharded parameters: the flat buffers would need local-shard shapes and a
-            # cross-shard norm; until then refuse rather than accumulate wrong shapes.
+        if shards is None and any(type(p).__name__ == "DTensor" for p in self.params):
+            # Local-shard shapes and a cross-shard norm come from gradacc_ext.distributed's FSDP2 strategy.
             raise TypeError(
-                "GradientAccumulator: DTensor (FSDP2 fully_shard) parameters are not supported by the accumulator's "
-                "own buffers yet; wrap the model with DDP, or use FSDP2's set_requires_gradient_sync directly"
+                "GradientAccumulator: DTensor (FSDP2 fully_shard) parameters need the fully_shard-ed model passed "
+                "to the accumulator (it lays the buffers over the local shards)"
             )
-        devices = {p.device for p in self.params}
+        self.shards = shards
+        self.layout = shards.layout(self.params) if shards is not None else self.params
+        devices = {t.device for t in self.layout}
         if len(devices) > 1:
             raise ValueError(
                 "GradientAccumulator: all trainable parameters must be on one device, "
@@ -94,7 +112,7 @@ class GradBuffers:
             )
         self.device = devices.pop() if devices else torch.device("cpu")
         self.buf_dtypes = [
-            accum_dtype if (accum_dtype is not None and p.dtype in LOW_PRECISION) else p.dtype for p in self.params
+            accum_dtype if (accum_dtype is not None and t.dtype in LOW_PRECISION) else t.dtype for t in self.layout
         ]
         self.dtypes = list(dict.fromkeys(self.buf_dtypes))
         # Element offset of each parameter's view in its dtype's flat buffer, and each flat's size.
@@ -106,7 +124,7 @@ class GradBuffers:
             for i in reversed(range(len(self.params))):
                 if self.buf_dtypes[i] == dtype:
                     self.offsets[i] = offset
-                    offset += -(-self.params[i].numel() // step) * step
+                    offset += -(-self.layout[i].numel() // step) * step
             self.sizes[dtype] = offset
         self.flats: dict[torch.dtype, torch.Tensor] = {}
         self.views: list[torch.Tensor] = []
@@ -124,7 +142,7 @@ class GradBuffers:
         self.flats = {d: torch.empty(n, dtype=d, device=self.device) for d, n in self.sizes.items()}
         self.views = [
             self.flats[d][o : o + p.numel()].view(p.shape)
-            for p, d, o in zip(self.params, self.buf_dtypes, self.offsets, strict=True)
+            for p, d, o in zip(self.layout, self.buf_dtypes, self.offsets, strict=True)
         ]
 
     @property
@@ -142,7 +160,7 @@ class GradBuffers:
             if part:
                 self.ops.accumulate_(
                     [self.views[index[k]] for k in part],
-                    [_dense(grads[k], self.params[index[k]]) for k in part],
+                    [_dense(self._local(grads[k]), self.params[index[k]]) for k in part],
                     scale,
                     assign=assign,
                     backend=self.backend,
@@ -185,12 +203,18 @@ class GradBuffers:
     def expose(self) -> None:
         """param.grad = this window's gradient (a view, or a param-dtype copy); None if the window gave none."""
         cast = [i for i in self._cast_index if self.seen[i]]
-        copies = dict(zip(cast, [torch.empty_like(self.params[i]) for i in cast], strict=True))
+        copies = dict(zip(cast, [torch.empty_like(self.layout[i]) for i in cast], strict=True))
         if cast:
             # One fused cast per window into copies that live only until release().
             torch._foreach_copy_([copies[i] for i in cast], [self.views[i] for i in cast])
         for i, p in enumerate(self.params):
-            p.grad = (copies[i] if i in copies else self.views[i]) if self.seen[i] else None
+            p.grad = self._param_grad(i, copies[i] if i in copies else self.views[i]) if self.seen[i] else None
+
+    def _local(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad if self.shards is None else self.shards.local_grad(grad)
+
+    def _param_grad(self, i: int, grad: torch.Tensor) -> torch.Tensor:
+        return grad if self.shards is None else self.shards.param_grad(i, grad)
 
     def release(self) -> None:
         """Start a new window: drop param.grad (and the cast copies); the buffers' contents become stale.
@@ -218,11 +242,11 @@ class GradBuffers:
                 f"parameters (saved {len(grads)} parameters, here {len(self.params)})"
             )
         for i, g in enumerate(grads):
-            if g is not None and (g.shape != self.params[i].shape or g.dtype != self.buf_dtypes[i]):
+            if g is not None and (g.shape != self.layout[i].shape or g.dtype != self.buf_dtypes[i]):
                 raise ValueError(
                     "GradientAccumulator.load_state_dict: the saved buffers do not match this model's trainable "
                     f"parameters (saved gradient {i} is {g.dtype} {list(g.shape)}, expected {self.buf_dtypes[i]} "
-                    f"{list(self.params[i].shape)})"
+                    f"{list(self.layout[i].shape)})"
                 )
         self._ensure()
         for view, g in zip(self.views, grads, strict=True):
@@ -233,7 +257,7 @@ class GradBuffers:
     def _from_v1(self, state: dict) -> list[torch.Tensor | None]:
         flats, seen = state["flats"], state["seen"]
         expected = dict.fromkeys(map(str, self.dtypes), 0)
-        for p, dtype in zip(self.params, self.buf_dtypes, strict=True):
+        for p, dtype in zip(self.layout, self.buf_dtypes, strict=True):
             expected[str(dtype)] += p.numel()
         saved = {k: f.numel() for k, f in flats.items()}
         if saved != expected or len(seen) != len(self.params):
@@ -244,7 +268,7 @@ class GradBuffers:
             )
         offsets = dict.fromkeys(flats, 0)
         grads: list[torch.Tensor | None] = []
-        for p, dtype, s in zip(self.params, self.buf_dtypes, seen, strict=True):
+        for p, dtype, s in zip(self.layout, self.buf_dtypes, seen, strict=True):
             key, n = str(dtype), p.numel()
             grads.append(flats[key][offsets[key] : offsets[key] + n].view(p.shape) if s else None)
             offsets[key] += n

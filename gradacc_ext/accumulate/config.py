@@ -30,6 +30,10 @@ MIXED_PRECISION_SPELLINGS = {
 LOSS_NORMALIZATION = ("mean", "sum", "none")
 BACKENDS = ("auto", "ext", "torch")
 ACCUM_DTYPES = (torch.float32, None)
+SHARDING = ("auto", "fsdp", "hsdp")
+FSDP_REDUCE = ("micro_step", "window")
+DDP_REDUCE = ("buffer", "overlap")
+COMM_DTYPES = (None, torch.bfloat16)
 
 
 def _positive_int(name: str, value: object, allow_none: bool = False) -> None:
@@ -101,6 +105,17 @@ class GradientAccumulationConfig:
       release_buffers: free the buffers after every optimizer step, for
         activations (re-created, without a zeroing pass, by the next window).
     backend: "auto" (compiled kernels when available), "ext" or "torch" (reference).
+    Data parallel (gradacc_ext.distributed; README "Distributed")
+      sharding: "auto" (from the model's mesh), "fsdp" (1-D mesh) or "hsdp"
+        (2-D replicate x shard mesh): the FSDP2 layout the model must have;
+      fsdp_reduce: "micro_step" (default: reduce-scatter every micro-step,
+        gradient memory 1/world, mid-window checkpoints) or "window" (one
+        reduce-scatter per window, unsharded gradients held all window);
+      ddp_reduce: "buffer" (default: one all-reduce of the flat buffers after
+        the last backward) or "overlap" (DDP's bucketed reducer all-reduces
+        the window's sum during the closing backward);
+      comm_dtype: None (the buffers' dtype) or torch.bfloat16: DDP sends
+        gradients in bf16 while accumulating in the buffers' dtype.
     """
 
     accumulation_steps: int | None = None
@@ -123,6 +138,10 @@ class GradientAccumulationConfig:
     bucket_size_bytes: int = 25 * 1024 * 1024
     release_buffers: bool = False
     backend: str = "auto"
+    sharding: str = "auto"
+    fsdp_reduce: str = "micro_step"
+    ddp_reduce: str = "buffer"
+    comm_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         _positive_int("world_size", self.world_size)
@@ -172,6 +191,10 @@ class GradientAccumulationConfig:
         if not isinstance(self.release_buffers, bool):
             raise ValueError(f"GradientAccumulationConfig.release_buffers must be a bool, got {self.release_buffers!r}")
         _choice("backend", self.backend, BACKENDS)
+        _choice("sharding", self.sharding, SHARDING)
+        _choice("fsdp_reduce", self.fsdp_reduce, FSDP_REDUCE)
+        _choice("ddp_reduce", self.ddp_reduce, DDP_REDUCE)
+        _choice("comm_dtype", self.comm_dtype, COMM_DTYPES)
 
     def _derive_steps(self) -> None:
         sizes_given = self.target_batch_size is not None or self.micro_batch_size is not None
@@ -212,6 +235,7 @@ class GradientAccumulationConfig:
     def to_dict(self) -> dict[str, Any]:
         """A plain dict for logs and the stats API (the dtype as its name)."""
         out = asdict(self)
-        out["accum_dtype"] = None if self.accum_dtype is None else str(self.accum_dtype).replace("torch.", "")
+        for key in ("accum_dtype", "comm_dtype"):
+            out[key] = None if out[key] is None else str(out[key]).replace("torch.", "")
         out["effective_batch_size"] = self.effective_batch_size
         return out

@@ -20,7 +20,7 @@ class Window:
     def __init__(self, loss_normalization: str, device: torch.device, *, weighting_allowed: bool = True) -> None:
         self.mode = loss_normalization
         self.device = device
-        # FSDP2 accumulates the window itself, so micro-batches cannot be weighted in "mean" mode.
+        # FSDP2/HSDP and DDP's overlap reduce gradients before they reach the buffers: no weighting in "mean" mode.
         self._weighting_allowed = weighting_allowed
         self.reset()
 
@@ -58,8 +58,9 @@ class Window:
             )
         if not self._weighting_allowed and self.mode == "mean":
             raise ValueError(
-                "GradientAccumulator.backward: with FSDP2, FSDP accumulates the window itself, so micro-batches "
-                "cannot be weighted; use loss_normalization='sum' with num_items, or omit num_items"
+                "GradientAccumulator.backward: with FSDP2/HSDP or ddp_reduce='overlap', gradients are reduced across "
+                "ranks before the accumulator sees them, so micro-batches cannot be weighted; use "
+                "loss_normalization='sum' with num_items, or omit num_items"
             )
         if isinstance(num_items, torch.Tensor):
             if num_items.numel() != 1 or num_items.is_complex() or num_items.dtype == torch.bool:

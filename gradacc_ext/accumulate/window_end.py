@@ -48,11 +48,13 @@ class WindowEnd:
     def close(self, window: Window) -> None:
         """Applies `window` (its gradients all folded into the buffers) and starts the next one."""
         c, b = self.config, self.buffers
+        self.sync.before_finish()
         self.found_inf.zero_()
         count = window.count()
         if self.sync.reduces:
             self.sync.reduce(b, count)
         b.finish(self._inv_scale(count), self.found_inf, self.norm, c.norm_type)
+        self.sync.global_norm(self.norm, self.found_inf, c.norm_type)  # sharded buffers: norm across shards
         b.clip(self.norm, c.max_grad_norm, c.clip_value)
         b.expose()
         scale = self.loss_scale.tensor(self.device).clone() if self.loss_scale is not None else None

@@ -19,6 +19,10 @@ def _fmt(value: float | None, spec: str, missing: str = "—") -> str:
     return format(value, spec)
 
 
+def _mib(n: int | None) -> str:
+    return "—" if n is None else f"{n / 2**20:.1f}"
+
+
 def file_stem(results: dict) -> str:
     """date_device_torch_commit, e.g. 20260101-120000_cpu_torch2.13.0-cpu_9c684d38."""
     meta = results["meta"]
@@ -60,20 +64,20 @@ def results_table(results: dict) -> list[str]:
     launches = "launches" if cuda else "aten ops"
     lines = [
         f"| workload | operation | implementation | median ms | ± | GB/s | % copy | {launches} | host syncs | "
-        "first call s | gradacc speedup |",
-        "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|",
+        "peak extra MiB | first call s | gradacc speedup |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     cells = {(c["workload"], c["op"], c["impl"]): c for c in results["cells"]}
     for c in results["cells"]:
         title = IMPL_TITLES[c["impl"]]
         if "median_s" not in c:
-            lines.append(f"| {c['workload']} | {c['op']} | {title} | {c['status']} | | | | | | | |")
+            lines.append(f"| {c['workload']} | {c['op']} | {title} | {c['status']} | | | | | | | | |")
             continue
         ratio = "—" if c["impl"] == OURS else _fmt(speedup(cells, c["workload"], c["op"], c["impl"]), ".2f") + "x"
         lines.append(
             f"| {c['workload']} | {c['op']} | {title} | {c['median_s'] * 1e3:.3f} | {100 * c['spread']:.1f}% | "
             f"{c['gbps']:.2f} | {_fmt(c['pct_copy'], '.1f', OVER_ROOFLINE)} | {c.get('launches', '—')} | "
-            f"{c['host_sync']} | {c['first_call_s']:.2f} | {ratio} |"
+            f"{c['host_sync']} | {_mib(c.get('peak_extra_bytes'))} | {c['first_call_s']:.2f} | {ratio} |"
         )
     return lines
 

@@ -24,6 +24,7 @@ from .timing import (
     count_launches,
     host_sync_check,
     measure,
+    peak_extra_bytes,
     rotating,
     rotation_bytes,
     sets_needed,
@@ -184,6 +185,7 @@ def run_cell(workload: Workload, op: Operation, config: BenchConfig, log: Log) -
         if config.count_launches:
             row["launches"], row["launch_unit"] = count_launches(lambda f=impls[name]: f(states[0]), device)
         row["host_sync"] = host_sync_check(lambda f=impls[name]: f(states[0]), device)
+        row["peak_extra_bytes"] = peak_extra_bytes(lambda f=impls[name]: f(states[0]), device)
         log(
             f"  {workload.name:11s} {op.key:10s} {name:9s} {row['median_s'] * 1e3:10.3f} ms "
             f"±{100 * row['spread']:4.1f}% {row['gbps']:8.2f} GB/s  first call {row['first_call_s']:.2f} s"

@@ -200,3 +200,16 @@ def host_sync_check(fn: Callable[[], object], device: torch.device) -> str:
         torch.cuda.set_sync_debug_mode(previous)
     synchronize(device)
     return "none"
+
+
+def peak_extra_bytes(fn: Callable[[], object], device: torch.device) -> int | None:
+    """Device memory fn allocates at its peak beyond what is already held (workspaces, temporaries);
+    deterministic allocator accounting, CUDA only (None elsewhere)."""
+    if device.type != "cuda":
+        return None
+    synchronize(device)
+    held = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - held

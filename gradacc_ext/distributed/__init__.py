@@ -1,1 +1,1 @@
-"""Gradient synchronisation across ranks: DDP, FSDP2 and the single-process case."""
+"""Data parallelism for the accumulator: DDP (whole-buffer or overlapped), FSDP2 and HSDP, and one process."""

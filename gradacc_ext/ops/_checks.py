@@ -13,7 +13,10 @@ from collections.abc import Sequence
 import torch
 
 SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
-SCALAR_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+FLOAT32_MAX = torch.finfo(torch.float32).max
+# The single-list ops (norms, clips) also take float64 lists, computed in double.
+SINGLE_LIST = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+SCALAR_FLOATS = SINGLE_LIST
 
 
 def num(value: float) -> str:
@@ -38,7 +41,8 @@ def list_device(tensors: Sequence[torch.Tensor], fallback: torch.Tensor | None =
 
 def is_dense(t: torch.Tensor) -> bool:
     """c10's is_non_overlapping_and_dense, which Python does not expose: the dims of size >= 2, ordered by
-    stride, have exactly a contiguous tensor's strides (so the elements fill one block of memory)."""
+    stride, have exactly a contiguous tensor's strides (so the elements fill one block of memory).
+    Callers try t.is_contiguous() first: it is a C call, and a contiguous tensor is always dense."""
     expected = 1
     for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride(), strict=True) if sz >= 2):
         if stride != expected:
@@ -48,10 +52,13 @@ def is_dense(t: torch.Tensor) -> bool:
 
 
 def check_list(
-    op: str, arg: str, tensors: Sequence[torch.Tensor], device: torch.device, *, dense_ok: bool = False
+    op: str, arg: str, tensors: Sequence[torch.Tensor], device: torch.device, *, single_list: bool = False
 ) -> None:
-    """dense_ok: a dense non-overlapping tensor (channels_last, any permutation) is accepted, as by the
-    binding's Memory::kDense (single-list element-wise ops and norms); otherwise it must be contiguous."""
+    """single_list (the binding's Use::kSingleList: norms and clips): a dense non-overlapping tensor
+    (channels_last, any permutation) and float64 are accepted; otherwise contiguous fp32/fp16/bf16."""
+    dtypes, names = (SINGLE_LIST, "float32, float16, bfloat16 or float64") if single_list else (
+        SUPPORTED, "float32, float16 or bfloat16"
+    )
     for i, t in enumerate(tensors):
         if t is None:
             raise ValueError(f"{op}: {arg}[{i}] is undefined (None)")
@@ -61,10 +68,10 @@ def check_list(
             raise ValueError(
                 f"{op}: {arg}[{i}] is on {t.device} but the list is on {device}; all tensors must be on one device"
             )
-        if t.dtype not in SUPPORTED:
-            raise TypeError(f"{op}: {arg}[{i}] has dtype {t.dtype}; expected float32, float16 or bfloat16")
-        if dense_ok:
-            if not is_dense(t):
+        if t.dtype not in dtypes:
+            raise TypeError(f"{op}: {arg}[{i}] has dtype {t.dtype}; expected {names}")
+        if single_list:
+            if not (t.is_contiguous() or is_dense(t)):
                 raise ValueError(
                     f"{op}: {arg}[{i}] is not dense (sizes {list(t.shape)}, strides {list(t.stride())}); "
                     "expected a dense non-overlapping tensor, such as a contiguous or channels_last one"
@@ -144,7 +151,21 @@ def check_accumulate(
         raise ValueError(f"{op}: alpha must be finite, got {num(alpha)}")
     if alpha_tensor is not None:
         check_scalar(op, "alpha_tensor", alpha_tensor, device)
+    check_fits_float(op, "alpha", alpha)
     return device
+
+
+def check_fits_float(op: str, arg: str, value: float, tensors: Sequence[torch.Tensor] = ()) -> None:
+    """The kernels compute in float32: a finite value beyond its range would become inf silently
+    (eps=1e39 zeroes every grad). Inf and NaN pass; the op's own checks decide about them. A list
+    of float64 `tensors` only (the clip ops) uses the value in double: any value is fine then."""
+    if tensors and all(t.dtype == torch.float64 for t in tensors):
+        return
+    if math.isfinite(value) and abs(value) > FLOAT32_MAX:
+        raise ValueError(
+            f"{op}: {arg} = {num(value)} does not fit in float32, the kernels' type; "
+            f"expected |{arg}| <= {num(FLOAT32_MAX)}"
+        )
 
 
 def check_max_norm(op: str, max_norm: float) -> None:
@@ -178,7 +199,7 @@ def check_accumulate_final(
 
 
 def check_global_norm(op: str, tensors: Sequence[torch.Tensor], norm_type: float) -> None:
-    check_list(op, "tensors", tensors, list_device(tensors), dense_ok=True)
+    check_list(op, "tensors", tensors, list_device(tensors), single_list=True)
     check_norm_type(op, float(norm_type))
 
 
@@ -193,15 +214,18 @@ def check_clip_by_norm(
     op: str, tensors: Sequence[torch.Tensor], total_norm: torch.Tensor, max_norm: float, eps: float
 ) -> None:
     device = list_device(tensors, total_norm)
-    check_list(op, "tensors", tensors, device, dense_ok=True)
+    check_list(op, "tensors", tensors, device, single_list=True)
     check_norm_scalar(op, total_norm, device)
     check_max_norm(op, float(max_norm))
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"{op}: eps must be finite and >= 0, got {num(eps)}")
+    check_fits_float(op, "max_norm", float(max_norm), tensors)
+    check_fits_float(op, "eps", float(eps), tensors)
 
 
 def check_clip_by_value(op: str, tensors: Sequence[torch.Tensor], clip_value: float) -> None:
     """0 zeroes, inf keeps, a negative value sets every element to it (torch.clamp); NaN is refused."""
-    check_list(op, "tensors", tensors, list_device(tensors), dense_ok=True)
+    check_list(op, "tensors", tensors, list_device(tensors), single_list=True)
     if math.isnan(clip_value):
         raise ValueError(f"{op}: clip_value must not be NaN, got {num(clip_value)}")
+    check_fits_float(op, "clip_value", float(clip_value), tensors)

@@ -5,7 +5,8 @@ picks whenever any argument is a meta tensor. So they run the same argument
 checks as the compiled binding (gradacc_ext._checks mirrors
 csrc/binding.cpp): a meta tensor mixed into a CPU list is rejected by name,
 never silently skipped, and torch.compile reports bad input at trace time.
-In-place ops return nothing; global_norm describes its two float32 outputs.
+In-place ops return nothing; global_norm describes its two outputs (float32, or float64 for a
+list that holds a float64 tensor).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ def register() -> None:
     def _global_norm(tensors: Sequence[torch.Tensor], norm_type: float, per_tensor: bool):
         _checks.check_global_norm("gradacc.global_norm", tensors, norm_type)
         first = tensors[0]
-        total = first.new_empty((), dtype=torch.float32)
-        each = first.new_empty((len(tensors) if per_tensor else 0,), dtype=torch.float32)
+        dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+        total = first.new_empty((), dtype=dtype)
+        each = first.new_empty((len(tensors) if per_tensor else 0,), dtype=dtype)
         return total, each
 
     @torch.library.register_fake("gradacc::unscale_")

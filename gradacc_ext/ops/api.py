@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-from . import _checks, reference
+from . import _checks, _coverage, reference
 from ._loader import LOAD_REASON, extension_has_cuda, extension_loaded
 
 Backend = Literal["auto", "ext", "torch"]
@@ -42,6 +42,9 @@ def resolve_backend(device: torch.device | str, backend: str = "auto") -> tuple[
     elif device.type == "cuda":
         available = extension_has_cuda()
         reason = "fused CUDA kernels" if available else "the extension was built without CUDA kernels"
+        if available:  # checked once per GPU: its arch and its driver's kernel-parameter limit
+            coverage = _coverage.device_coverage(_coverage.cuda_index(device))
+            available, reason = coverage.covered, (reason if coverage.covered else coverage.reason)
     else:
         available, reason = False, f"no compiled kernels for device type {device.type!r}"
     if backend == "ext" and not available:
@@ -163,13 +166,15 @@ def global_norm(
     per_tensor: bool = False,
     backend: Backend = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Global p-norm of a list as a 0-d float32 device tensor, for any order
+    """Global p-norm of a list as a 0-d device tensor, for any order
     torch.linalg.vector_norm takes (0, 1, 2, inf and -inf are exact special
-    cases; another p goes through pow). The norm of nothing is 0.
+    cases; another p goes through exp(p log|x|)). The norm of nothing is 0.
 
-    Tensors may be contiguous or dense in another memory order (channels_last).
-    Deterministic (bitwise-equal over runs), accumulated in fp32. With
-    per_tensor=True returns (total, per_tensor_norms).
+    Tensors may be contiguous or dense in another memory order (channels_last),
+    and float64 as well as fp32/fp16/bf16. Deterministic (bitwise-equal over
+    runs), accumulated in fp32 into a float32 result, or in double into a
+    float64 result when the list holds a float64 tensor. With per_tensor=True
+    returns (total, per_tensor_norms).
     """
     op = "gradacc.global_norm"
     tensors = _as_list(op, tensors, "tensors")
@@ -212,7 +217,8 @@ def clip_by_norm_(
     *,
     backend: Backend = "auto",
 ) -> None:
-    """tensors *= min(1, max_norm / (total_norm + eps)), the coefficient computed on the device in fp32.
+    """tensors *= min(1, max_norm / (total_norm + eps)), the coefficient computed on the device in fp32
+    (in double for float64 tensors).
 
     total_norm is a one-element tensor of any float dtype or a Python number. max_norm=inf leaves the
     tensors unchanged, max_norm=0 zeroes them (torch's semantics).
@@ -240,8 +246,12 @@ def clip_grad_norm_(
     backend: Backend = "auto",
 ) -> torch.Tensor:
     """Global norm, then clip by it; returns the (pre-clip) norm. No host sync."""
-    tensors = _as_list("gradacc.clip_grad_norm_", tensors, "tensors")
-    _checks.check_max_norm("gradacc.clip_grad_norm_", float(max_norm))
+    op = "gradacc.clip_grad_norm_"
+    tensors = _as_list(op, tensors, "tensors")
+    _checks.check_max_norm(op, float(max_norm))
+    # The clip's own range checks before the norm runs: a bad eps must not cost a norm pass first.
+    _checks.check_fits_float(op, "max_norm", float(max_norm), tensors)
+    _checks.check_fits_float(op, "eps", float(eps), tensors)
     total = global_norm(tensors, norm_type, backend=backend)
     clip_by_norm_(tensors, total, max_norm, eps, backend=backend)
     return total

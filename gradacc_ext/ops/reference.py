@@ -123,15 +123,17 @@ def clip_coefficient(total_norm: torch.Tensor, max_norm: float, eps: float) -> t
 
 
 def clip_by_norm_(tensors: Sequence[torch.Tensor], total_norm: torch.Tensor, max_norm: float, eps: float) -> None:
-    # The kernels read a total_norm of any float dtype as fp32 (fp64 in the float64 oracle).
-    coef = clip_coefficient(total_norm.to(_compute_dtype(*tensors)), max_norm, eps)
+    # The kernels read a total_norm of any float dtype and compute the coefficient in fp32, or in
+    # float64 for a float64 tensor. A coefficient of exactly 1 leaves every value unchanged, so no
+    # host-side branch (and no sync) is needed to skip the no-clip case.
     for t in tensors:
         dtype = _compute_dtype(t)
-        # A coefficient of exactly 1 leaves every value unchanged, so no
-        # host-side branch (and no sync) is needed to skip the no-clip case.
-        t.copy_(t.to(dtype) * coef.to(dtype))
+        t.copy_(t.to(dtype) * clip_coefficient(total_norm.to(dtype), max_norm, eps))
 
 
 def clip_by_value_(tensors: Sequence[torch.Tensor], clip_value: float) -> None:
     for t in tensors:
-        t.clamp_(-clip_value, clip_value)
+        if abs(clip_value) <= torch.finfo(t.dtype).max or math.isinf(clip_value):
+            t.clamp_(-clip_value, clip_value)
+        else:  # beyond a 16-bit type's range (torch refuses the scalar): clamp in float32, as the kernels do
+            t.copy_(t.to(_compute_dtype(t)).clamp_(-clip_value, clip_value))

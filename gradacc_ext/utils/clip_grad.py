@@ -1,10 +1,11 @@
 """torch.nn.utils' gradient clipping on the fused ops (gradacc_ext.ops).
 
 Every function takes torch's arguments and returns, warns and raises what torch does. The grads the
-fused ops serve (fp32, fp16 and bf16; contiguous or dense in another memory order, such as
-channels_last; on a device with compiled kernels) run as one fused pass per device, in place. Any other
-grad (float64, a sliced view, a device without kernels) goes through torch's own arithmetic, and the two
-parts combine as torch combines per-tensor norms. A call with nothing to fuse is torch's own function.
+fused ops serve (fp32, fp16, bf16 and float64, the latter computed in double; contiguous or dense in
+another memory order, such as channels_last; on a device with compiled kernels) run as one fused pass
+per device, in place. Any other grad (a sliced view, a device without kernels) goes through torch's own
+arithmetic, and the two parts combine as torch combines per-tensor norms. A call with nothing to fuse
+is torch's own function.
 
 Differences from torch, by design (README, "Drop-in clipping"): the norm is accumulated in fp32 over a
 whole device's list and rounded to the result dtype once, and the clip coefficient is computed in fp32
@@ -44,11 +45,11 @@ def _split(tensors: list[torch.Tensor]) -> tuple[dict[torch.device, list[torch.T
     fused: dict[torch.device, list[torch.Tensor]] = {}
     rest: list[torch.Tensor] = []
     for (device, dtype), ([group], _) in _group_tensors_by_device_and_dtype([tensors]).items():
-        if dtype not in _checks.SUPPORTED or not _has_kernels(device):
+        if dtype not in _checks.SINGLE_LIST or not _has_kernels(device):
             rest += group
             continue
         for t in group:
-            dense = t.layout == torch.strided and (t.is_contiguous() or _checks.is_dense(t))  # C call first
+            dense = t.layout == torch.strided and (t.is_contiguous() or _checks.is_dense(t))
             (fused.setdefault(device, []) if dense else rest).append(t)
     return fused, rest
 

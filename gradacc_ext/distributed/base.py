@@ -1,0 +1,76 @@
+"""The seam between the accumulator and data-parallel wrappers: one strategy object per model.
+
+The accumulator owns flat buffers and the window's arithmetic; a strategy
+says how a window's micro-steps meet the wrapper's communication. The
+accumulator calls, in order:
+
+  context(final)            around each micro-step's forward and backward
+  before_backward(final, b) right before each backward; False: the accumulator's hooks do not fold
+                            this backward (the wrapper reduces straight into the buffers)
+  layout / local_grad       the buffers mirror local shards and take gradients' local shards
+  before_finish()           at the window end, before any collective; may refuse with a clear error
+  reduce(buffers, count)    buffers and item count become sums over ranks
+  global_norm(...)          norm and found_inf become global over shards
+  param_grad(i, view)       wraps a buffer view as param.grad for the optimizer
+  wrap_state / unwrap_state checkpoint form (torch.distributed.checkpoint for shards)
+
+Strategies: LocalSync (one process), DDPSync / DDPOverlapSync (ddp.py),
+FSDP2Sync (fsdp.py, fully_shard and HSDP). grad_sync.grad_sync_for picks one
+after validate.check_setup has checked the setup (before any collective).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:  # the accumulator passes its buffers in; no runtime import back into accumulate/
+    from ..accumulate.buffers import GradBuffers
+
+
+class LocalSync:
+    """A single process, or parameters without a data-parallel wrapper."""
+
+    needs_context = False  # forward and backward must run inside micro_step()
+    reduces = False  # the accumulator sums buffers and counts across ranks itself
+    weights_micro_batches = True  # False: gradients are reduced before the accumulator sees them
+    splits_alone = True  # no collective inside a micro-step: ranks may split a micro-batch differently (adaptive)
+    name = "local"
+
+    def context(self, final: bool) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def before_backward(self, final: bool, buffers: GradBuffers) -> bool:
+        """Called right before each micro-step's backward (final: it closes the window); True: fold its grads."""
+        return True
+
+    def layout(self, params: Sequence[torch.nn.Parameter]) -> list[torch.Tensor]:
+        """The tensors whose shapes the flat buffers mirror (a sharded parameter's local shard)."""
+        return list(params)
+
+    def local_grad(self, grad: torch.Tensor | None) -> torch.Tensor | None:
+        return grad
+
+    def param_grad(self, index: int, grad: torch.Tensor) -> torch.Tensor:
+        """What the optimizer sees as params[index].grad for the buffer view (or cast copy) `grad`."""
+        return grad
+
+    def reduce(self, buffers: GradBuffers, count: torch.Tensor) -> None:
+        """Sums the window's buffers and item count over ranks (in place)."""
+
+    def before_finish(self) -> None:
+        """Called once at every window end, before reduce; raises when the window cannot be closed here."""
+
+    def global_norm(self, norm: torch.Tensor, found_inf: torch.Tensor, norm_type: float) -> None:
+        """Turns this rank's norm and found_inf into the global ones (in place)."""
+
+    def wrap_state(self, state: dict[str, Any], buffers: GradBuffers) -> dict[str, Any]:
+        """The accumulator's state_dict() in the form this strategy checkpoints (a new dict)."""
+        return state
+
+    def unwrap_state(self, state: dict[str, Any], buffers: GradBuffers) -> dict[str, Any]:
+        """The inverse of wrap_state, for load_state_dict()."""
+        return state

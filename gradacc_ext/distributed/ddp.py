@@ -1,0 +1,134 @@
+"""DistributedDataParallel: whole-buffer reduce at the window end, or DDP's own overlapped reducer.
+
+"buffer" (DDPSync): every micro-step runs under model.no_sync(); at the
+window end the accumulator's flat buffers and the item count are
+all-reduced (SUM) once, after the last backward: nothing overlaps.
+
+"overlap" (DDPOverlapSync): non-final micro-steps run under no_sync and
+accumulate into the flat buffers as usual. The final micro-step runs
+outside no_sync with param.grad set to the buffer views, so autograd adds
+the last gradient into the running sum in place and DDP's reducer
+all-reduces the whole window's sum bucket by bucket while the rest of
+the backward still runs (its bucketed, overlapped all-reduce), then
+copies the result back into the views. A comm hook makes the reduction a
+plain SUM (the accumulator divides by the global item count) and can
+communicate in bf16 while the buffers stay fp32. A short window closed
+by flush() had no synced backward and falls back to the buffer reduce.
+
+Either way the count is all-reduced too, so uneven per-rank num_items
+give the exact global mean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.nn.parallel import DistributedDataParallel
+
+from .base import LocalSync
+from .rank_state import dense_grads, pack_counts, per_rank, unpack_counts
+
+if TYPE_CHECKING:
+    from ..accumulate.buffers import GradBuffers
+
+
+def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None, comm_dtype: torch.dtype | None) -> None:
+    """tensor = its SUM over the group, sent in comm_dtype when given (then rounded once on the way)."""
+    if comm_dtype is None or comm_dtype == tensor.dtype:
+        dist.all_reduce(tensor, group=group)
+        return
+    low = tensor.to(comm_dtype)
+    dist.all_reduce(low, group=group)
+    tensor.copy_(low)
+
+
+class DDPSync(LocalSync):
+    needs_context = True
+    reduces = True
+    name = "ddp"
+
+    def __init__(self, model: DistributedDataParallel, comm_dtype: torch.dtype | None = None) -> None:
+        self.model = model
+        self.group = model.process_group
+        self.comm_dtype = comm_dtype
+
+    def context(self, final: bool) -> contextlib.AbstractContextManager:
+        return self.model.no_sync()
+
+    def reduce(self, buffers: GradBuffers, count: torch.Tensor) -> None:
+        buffers.include_all()
+        for flat in buffers.flats.values():
+            all_reduce_sum(flat, self.group, self.comm_dtype)
+        dist.all_reduce(count, group=self.group)
+
+    def wrap_state(self, state: dict[str, Any], buffers: GradBuffers) -> dict[str, Any]:
+        """Each rank's unreduced sums, seen flags and counts as its row of a DTensor (DCP keeps every rank's)."""
+        mesh = DeviceMesh.from_group(self.group, buffers.device.type)
+        grads, seen = dense_grads(state, buffers)
+        out = pack_counts(state, mesh, buffers.device)
+        out["buffers"] = {
+            "grads": {str(i): per_rank(g, mesh) for i, g in enumerate(grads)},
+            "seen": per_rank(torch.tensor(seen, dtype=torch.float64, device=buffers.device), mesh),
+        }
+        return out
+
+    def unwrap_state(self, state: dict[str, Any], buffers: GradBuffers) -> dict[str, Any]:
+        out = unpack_counts(state)
+        saved = state["buffers"]
+        seen = [bool(s) for s in saved["seen"].to_local().reshape(-1).tolist()]
+        grads = [saved["grads"][str(i)].to_local().reshape(t.shape) for i, t in enumerate(buffers.layout)]
+        out["buffers"] = {"grads": [g if s else None for g, s in zip(grads, seen, strict=True)]}
+        return out
+
+
+def _sum_hook(sync, bucket):  # unannotated: DDP checks the annotations, which `from __future__` makes strings
+    """DDP comm hook (DDPOverlapSync, dist.GradBucket) -> Future[Tensor]: SUM, no division by the world size."""
+    buffer = bucket.buffer()
+    if sync.comm_dtype is None or sync.comm_dtype == buffer.dtype:
+        return dist.all_reduce(buffer, group=sync.group, async_op=True).get_future().then(lambda f: f.value()[0])
+    low = buffer.to(sync.comm_dtype)
+
+    def back(fut: torch.futures.Future) -> torch.Tensor:
+        return buffer.copy_(fut.value()[0])
+
+    return dist.all_reduce(low, group=sync.group, async_op=True).get_future().then(back)
+
+
+class DDPOverlapSync(DDPSync):
+    weights_micro_batches = False  # the closing micro-step's gradient is reduced as autograd produces it
+    splits_alone = False  # forward/backward run collectives: a rank splitting alone would desync them
+    name = "ddp-overlap"
+
+    def __init__(self, model: DistributedDataParallel, comm_dtype: torch.dtype | None = None) -> None:
+        super().__init__(model, comm_dtype)
+        model.register_comm_hook(self, _sum_hook)
+        self._synced = False  # the open micro-step runs outside no_sync
+
+    def context(self, final: bool) -> contextlib.AbstractContextManager:
+        self._synced = final
+        return contextlib.nullcontext() if final else self.model.no_sync()
+
+    def before_backward(self, final: bool, buffers: GradBuffers) -> bool:
+        if self._synced != final:
+            raise RuntimeError(
+                "GradientAccumulator: ddp_reduce='overlap' needs exactly one backward per micro_step() (DDP reduces "
+                "during the closing one); split micro-batches (AdaptiveGradientAccumulator) need ddp_reduce='buffer'"
+            )
+        if not final:
+            return True
+        # The running sum becomes param.grad: autograd accumulates into it in place, DDP reduces it.
+        buffers.include_all()
+        for param, view in zip(buffers.params, buffers.views, strict=True):
+            param.grad = view
+        return False
+
+    def reduce(self, buffers: GradBuffers, count: torch.Tensor) -> None:
+        if self._synced:  # DDP's reducer already summed the buffers during the backward
+            self._synced = False
+            dist.all_reduce(count, group=self.group)
+            return
+        super().reduce(buffers, count)

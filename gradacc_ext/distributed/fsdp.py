@@ -1,0 +1,135 @@
+"""FSDP2 (fully_shard) and HSDP: flat buffers over the local shards, one collective for norm and found_inf.
+
+The accumulator's buffers mirror each DTensor parameter's local shard
+(uneven shards included, an empty one too), and the optimizer gets
+param.grad as a DTensor over a buffer view. FSDP's reductions are made
+plain sums (divide factor 1), so the accumulator divides by the window's
+item count summed over all ranks, exactly as under DDP.
+
+Accumulation modes (GradientAccumulationConfig.fsdp_reduce):
+  "micro_step" (default): every backward reduce-scatters, and the window
+    accumulates sharded: gradient memory stays 1/world of the model's
+    between micro-steps, and a mid-window checkpoint holds everything (the
+    buffers). Costs one reduce-scatter per micro-step.
+  "window": set_requires_gradient_sync(False) until the closing micro-step,
+    so FSDP accumulates unsharded gradients itself and reduce-scatters once:
+    fewer bytes sent, a full unsharded gradient held all window.
+HSDP (2-D mesh, replicate x shard): "micro_step" reduce-scatters within the
+shard group every micro-step (FSDP keeps the partial sums sharded) and
+defers the replicate all-reduce to the window's end with
+set_requires_all_reduce(False); "window" defers both.
+
+In every mode but FSDP "micro_step", FSDP holds reduced-but-unfinished
+sums between micro-steps that only a synced backward releases: a short
+last window must then be closed by marking its last micro-batch
+(`acc.micro_step(last=True)`), not by flush(), and a checkpoint must be
+taken at a window boundary. Both are checked, with a clear error.
+
+The global norm: each rank's norm over its shards is squared (or kept,
+for inf) and one all-reduce over the shard group (SUM, or MAX for inf)
+also carries found_inf, so every rank clips by the same coefficient and
+skips the same steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from .base import LocalSync
+from .rank_state import dense_grads, pack_counts, unpack_counts
+
+if TYPE_CHECKING:
+    from ..accumulate.buffers import GradBuffers
+
+
+class FSDP2Sync(LocalSync):
+    reduces = True
+    weights_micro_batches = False  # FSDP reduces each micro-step's gradient before the accumulator sees it
+    splits_alone = False  # forward/backward run collectives: a rank splitting alone would desync them
+
+    def __init__(self, model: torch.nn.Module, params: Sequence[torch.nn.Parameter], mode: str, hsdp: bool) -> None:
+        self.model = model
+        self.params = list(params)
+        self.mode, self.hsdp = mode, hsdp
+        self.name = "hsdp" if hsdp else "fsdp"
+        self.mesh = self.params[0].device_mesh
+        self.shard_group = self.mesh.get_group(self.mesh.ndim - 1)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                # Plain sums: the accumulator divides by the global item count once.
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)
+        self._held = False  # FSDP holds unfinished sums of this window outside param.grad
+
+    # -- micro-steps ------------------------------------------------------------------------------------------------
+
+    def before_backward(self, final: bool, buffers: GradBuffers) -> bool:
+        every_step = self.mode == "micro_step"
+        self.model.set_requires_gradient_sync(final or every_step)
+        if self.hsdp and every_step:
+            self.model.set_requires_all_reduce(final)
+        self._held = not final and (self.hsdp or not every_step)
+        return True  # FSDP sets the reduced shards as param.grad and runs the folding hooks
+
+    def layout(self, params: Sequence[torch.nn.Parameter]) -> list[torch.Tensor]:
+        return [p.to_local() for p in params]
+
+    def local_grad(self, grad: torch.Tensor | None) -> torch.Tensor | None:
+        return grad.to_local() if isinstance(grad, DTensor) else grad
+
+    def param_grad(self, index: int, grad: torch.Tensor) -> torch.Tensor:
+        param = self.params[index]
+        with torch.no_grad():
+            return DTensor.from_local(
+                grad, param.device_mesh, param.placements, shape=param.shape, stride=param.stride(), run_check=False
+            )
+
+    # -- window end -------------------------------------------------------------------------------------------------
+
+    def before_finish(self) -> None:
+        if self._held:
+            raise RuntimeError(self._held_message("close a short window with flush()"))
+
+    def _held_message(self, what: str) -> str:
+        return (
+            f"GradientAccumulator: cannot {what} here: with {self.name} and fsdp_reduce={self.mode!r}, FSDP still "
+            "holds this window's partly reduced gradients, which only a synced backward releases; mark the last "
+            "micro-batch with `with acc.micro_step(last=True):` (it closes the window), act at a window boundary, "
+            "or use fully_shard on a 1-D mesh with fsdp_reduce='micro_step'"
+        )
+
+    def reduce(self, buffers: GradBuffers, count: torch.Tensor) -> None:
+        dist.all_reduce(count)  # the mesh spans the whole world (validated); FSDP already summed the buffers
+
+    def global_norm(self, norm: torch.Tensor, found_inf: torch.Tensor, norm_type: float) -> None:
+        inf = math.isinf(norm_type)
+        local = norm.reshape(()).to(torch.float64)
+        both = torch.stack([local if inf else local * local, found_inf.reshape(()).to(torch.float64)])
+        dist.all_reduce(both, op=dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM, group=self.shard_group)
+        norm.copy_((both[0] if inf else both[0].sqrt()).reshape(norm.shape))
+        found_inf.copy_((both[1] > 0).reshape(found_inf.shape))
+
+    # -- checkpoints (torch.distributed.checkpoint) -----------------------------------------------------------------
+
+    def wrap_state(self, state: dict[str, Any], buffers: GradBuffers) -> dict[str, Any]:
+        """The window's sums as DTensors sharded like the parameters, per-rank counts as rows."""
+        if self._held:
+            raise RuntimeError(self._held_message("take a mid-window checkpoint"))
+        grads, seen = dense_grads(state, buffers)
+        out = pack_counts(state, self.mesh, buffers.device)
+        out["buffers"] = {"grads": {str(i): self.param_grad(i, g) for i, g in enumerate(grads)}, "seen": seen}
+        return out
+
+    def unwrap_state(self, state: dict[str, Any], buffers: GradBuffers) -> dict[str, Any]:
+        out = unpack_counts(state)
+        saved = state["buffers"]
+        grads = [self.local_grad(saved["grads"][str(i)]) for i in range(len(buffers.params))]
+        out["buffers"] = {"grads": [g if s else None for g, s in zip(grads, saved["seen"], strict=True)]}
+        return out

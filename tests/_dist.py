@@ -1,0 +1,125 @@
+"""Multi-process helpers: launch gloo ranks on 127.0.0.1 with a bounded time, shard data, a full-batch reference.
+
+Workers compare their (gathered) parameters with a plain single-process loop
+over the whole effective batch that each rank computes itself.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
+
+IN, HIDDEN, OUT = 5, 7, 3
+STEPS, MICRO, LR = 3, 7, 0.03  # windows of 3 micro-batches: 3, 3 and a short 1
+TOL64 = dict(rtol=1e-9, atol=1e-11)
+
+needs_gloo = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="gloo backend not available"
+)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple) -> None:
+    torch.set_num_threads(1)  # a forked child must not reuse the parent's OpenMP pool
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    try:
+        fn(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(fn: Callable, world: int, *args, timeout: float = 120) -> None:
+    """Runs fn(rank, world, *args) in `world` processes; a worker error or a hang fails the test."""
+    # fork (not spawn) when CUDA is untouched: children skip re-importing torch, which dominates the time.
+    method = "spawn" if torch.cuda.is_initialized() else "fork"
+    ctx = mp.start_processes(_entry, args=(world, free_port(), fn, args), nprocs=world, join=False, start_method=method)
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in ctx.processes:
+                process.kill()
+            pytest.fail(f"{world} workers did not finish within {timeout} s (a hang)")
+
+
+def make_model(dtype: torch.dtype = torch.float64, seed: int = 11) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, OUT)).to(dtype)
+
+
+def global_batches(kind: str, world: int, seed: int, dtype: torch.dtype = torch.float64) -> list[tuple]:
+    """MICRO global micro-batches: "mean": 2 rows per rank; "sum": 2 padded sequences per rank, uneven tokens."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(MICRO):
+        if kind == "mean":
+            out.append((torch.randn(2 * world, IN, generator=g, dtype=dtype), torch.randn(2 * world, OUT, generator=g)))
+            continue
+        lengths = torch.randint(1, 7, (2 * world,), generator=g)
+        mask = (torch.arange(6)[None, :] < lengths[:, None]).to(dtype)
+        x, y = torch.randn(2 * world, 6, IN, generator=g, dtype=dtype), torch.randn(2 * world, 6, OUT, generator=g)
+        out.append((x, y.to(dtype), mask))
+    return [tuple(t.to(dtype) for t in b) for b in out]
+
+
+def shard(batch: tuple, rank: int) -> tuple:
+    return tuple(t[2 * rank : 2 * rank + 2] for t in batch)
+
+
+def loss_and_items(model: torch.nn.Module, batch: tuple) -> tuple[torch.Tensor, int | None]:
+    if len(batch) == 3:
+        x, y, mask = batch
+        return (((model(x) - y) ** 2).sum(-1) * mask).sum(), int(mask.sum())
+    x, y = batch
+    return torch.nn.functional.mse_loss(model(x), y), None
+
+
+def make_optimizer(params, sgd: bool = False) -> torch.optim.Optimizer:
+    if sgd:
+        return torch.optim.SGD(params, lr=LR * 10, momentum=0.9)
+    return torch.optim.AdamW(params, lr=LR, weight_decay=0.1)
+
+
+def reference(kind: str, world: int, seed: int, skip: int | None = None, dtype=torch.float64, sgd=False, norm_type=2.0):
+    """The plain loop on one process over each window's whole batch; window `skip` is skipped (overflow)."""
+    model = make_model(dtype)
+    opt = make_optimizer(model.parameters(), sgd)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+    batches = global_batches(kind, world, seed, dtype)
+    for w, start in enumerate(range(0, MICRO, STEPS)):
+        if w == skip:
+            continue
+        window = batches[start : start + STEPS]
+        opt.zero_grad()
+        if kind == "sum":
+            loss = sum(loss_and_items(model, b)[0] for b in window) / sum(b[2].sum() for b in window)
+        else:
+            loss = sum(loss_and_items(model, b)[0] for b in window) / len(window)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5, norm_type)
+        opt.step()
+        sched.step()
+    return model
+
+
+def full_params(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.full_tensor() if isinstance(p, DTensor) else p.detach() for p in model.parameters()]
+
+
+def assert_params_equal(model: torch.nn.Module, ref: torch.nn.Module, **tol) -> None:
+    for p, q in zip(full_params(model), full_params(ref), strict=True):
+        torch.testing.assert_close(p, q, **(tol or TOL64))

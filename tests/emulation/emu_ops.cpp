@@ -1,0 +1,134 @@
+// C entry points of the host-emulated CUDA launchers (csrc/cuda/kernels.cu
+// built with shim/cuda_runtime_api.h), for tests/test_emulation.py (ctypes).
+// Each builds the launcher's params from raw spans exactly as the binding
+// would after its checks, runs the launcher, and returns 0 or copies the
+// emulator's error into `err`.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../kernels/multi_tensor.cuh"  // resolved through -I csrc/cuda
+#include "launch.h"
+
+using gradacc::DType;
+using gradacc::NormKind;
+using gradacc::Span;
+
+namespace {
+
+struct EmuSpan {
+  void* data;
+  int64_t numel;
+  int32_t dtype;  // gradacc::DType
+};
+
+std::vector<Span> spans(const EmuSpan* s, int64_t n) {
+  std::vector<Span> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(Span{s[i].data, s[i].numel, DType(s[i].dtype)});
+  return out;
+}
+
+// Device scratch stands in as host memory, 8-byte aligned like the allocator's.
+std::vector<uint64_t> workspace(size_t bytes) { return std::vector<uint64_t>((bytes + 7) / 8); }
+
+int finish(cudaError_t status, char* err, size_t err_len) {
+  const cudaError_t pending = cudaGetLastError();
+  if (status == cudaSuccess) status = pending;
+  if (status == cudaSuccess) return 0;
+  const std::string msg = emu::last_error().empty() ? "cuda error " + std::to_string(int(status)) : emu::last_error();
+  std::strncpy(err, msg.c_str(), err_len - 1);
+  err[err_len - 1] = '\0';
+  emu::last_error().clear();
+  return int(status);
+}
+
+}  // namespace
+
+extern "C" {
+
+int emu_meta_capacity(int depth) {
+  return depth == 1 ? gradacc::cuda::ListMeta<1>::kCapacity : gradacc::cuda::ListMeta<2>::kCapacity;
+}
+
+int emu_accumulate(const EmuSpan* bufs, const EmuSpan* grads, int64_t n, float alpha, const float* alpha_ptr,
+                   int assign, int final_step, const float* inv_scale_ptr, float* found_inf, float* norm_out,
+                   int norm_kind, char* err, size_t err_len) {
+  gradacc::AccumulateParams p;
+  p.bufs = spans(bufs, n);
+  p.grads = spans(grads, n);
+  p.alpha = alpha;
+  p.alpha_ptr = alpha_ptr;
+  p.assign = assign != 0;
+  p.final_step = final_step != 0;
+  p.inv_scale_ptr = inv_scale_ptr;
+  p.found_inf = found_inf;
+  p.norm_out = norm_out;
+  p.norm_kind = NormKind(norm_kind);
+  auto ws = workspace(gradacc::cuda::accumulate_workspace_bytes(p));
+  return finish(gradacc::cuda::launch_accumulate(p, ws.data(), nullptr), err, err_len);
+}
+
+int emu_norm(const EmuSpan* tensors, int64_t n, int norm_kind, double order, float* total_out, float* per_tensor_out,
+             char* err, size_t err_len) {
+  gradacc::NormParams p;
+  p.tensors = spans(tensors, n);
+  p.norm_kind = NormKind(norm_kind);
+  p.p = order;
+  p.total_out = total_out;
+  p.per_tensor_out = per_tensor_out;
+  auto ws = workspace(gradacc::cuda::norm_workspace_bytes(p));
+  return finish(gradacc::cuda::launch_norm(p, ws.data(), nullptr), err, err_len);
+}
+
+int emu_scale(const EmuSpan* tensors, int64_t n, int mode, const float* inv_scale_ptr, float* found_inf,
+              const float* norm_ptr, float max_norm, float eps, float clip_value, char* err, size_t err_len) {
+  gradacc::ScaleParams p;
+  p.tensors = spans(tensors, n);
+  p.mode = gradacc::ScaleMode(mode);
+  p.inv_scale_ptr = inv_scale_ptr;
+  p.found_inf = found_inf;
+  p.norm_ptr = norm_ptr;
+  p.max_norm = max_norm;
+  p.eps = eps;
+  p.clip_value = clip_value;
+  return finish(gradacc::cuda::launch_scale(p, nullptr), err, err_len);
+}
+
+}  // extern "C"
+
+// ---- Self-tests of the shim: it must catch what a GPU would punish. ----
+
+namespace {
+
+// Half the block waits at a barrier the other half never reaches.
+__global__ void divergent_barrier_kernel(int* out) {
+  if (threadIdx.x < blockDim.x / 2) __syncthreads();
+  out[threadIdx.x] = 1;
+}
+
+// Each warp's sum by a shuffle tree, and the block's OR of "value < 0".
+__global__ void warp_sum_kernel(const float* in, float* warp_sums, int* any_negative) {
+  const float x = in[blockIdx.x * blockDim.x + threadIdx.x];
+  float v = x;
+  for (unsigned off = 16; off > 0; off /= 2) v += __shfl_down_sync(0xFFFFFFFFu, v, off);
+  if (threadIdx.x % 32 == 0) warp_sums[(blockIdx.x * blockDim.x + threadIdx.x) / 32] = v;
+  const int neg = __syncthreads_or(x < 0.0f);
+  if (threadIdx.x == 0) any_negative[blockIdx.x] = neg;
+}
+
+}  // namespace
+
+extern "C" {
+
+int emu_selftest_divergent_barrier(int* out, unsigned threads, char* err, size_t err_len) {
+  emu::launch(divergent_barrier_kernel, 1, threads, 0, nullptr)(out);
+  return finish(cudaSuccess, err, err_len);
+}
+
+int emu_selftest_warp_sum(const float* in, float* warp_sums, int* any_negative, unsigned blocks, unsigned threads,
+                          char* err, size_t err_len) {
+  emu::launch(warp_sum_kernel, blocks, threads, 0, nullptr)(in, warp_sums, any_negative);
+  return finish(cudaSuccess, err, err_len);
+}
+
+}  // extern "C"

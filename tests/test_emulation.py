@@ -1,0 +1,259 @@
+"""Host emulation of the CUDA device code, run in CI without a GPU: evidence, not GPU verification.
+
+tests/emulation/build.py compiles the real csrc/kernels/*.cuh and csrc/cuda/kernels.cu with g++
+against a shim (tests/emulation/shim/cuda_runtime_api.h) that runs each block's 512 threads as
+fibers with real barriers and warp shuffles. The launchers, the chunking, the by-value metadata
+(both the 32 KB and the 4 KB parameter variants), the vector/scalar paths and the reductions run
+as written; results are compared with the float64 oracle and, element by element, bit for bit with
+the C++ CPU kernels (the same element math). Nothing here says anything about timing, the memory
+model or the compiled SASS: scripts/gpu_verify.sh is the GPU check.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _oracle import (
+    ODD_SIZES,
+    assert_bitwise_equal,
+    assert_close_list,
+    assert_norm_close,
+    assert_per_tensor_norms,
+    f64,
+    name,
+    rand_list,
+    random_dtypes,
+    small_sizes,
+)
+
+import gradacc_ext
+
+sys.path.insert(0, str(Path(__file__).parent / "emulation"))
+from emu import Emulator  # noqa: E402
+
+import build as emu_build  # noqa: E402
+
+pytestmark = [
+    pytest.mark.usefixtures("one_cpu_thread"),
+    pytest.mark.skipif(
+        platform.system() != "Linux" or shutil.which("g++") is None, reason="the emulation needs Linux and g++"
+    ),
+]
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+PAIRS = [(F32, F32), (F16, F32), (F16, F16), (BF16, F32), (BF16, BF16)]  # (grad, buffer)
+LAYOUTS = ("odd", "unaligned")
+HAS_CPU_KERNELS = gradacc_ext.resolve_backend("cpu")[0] == "ext"
+
+
+@pytest.fixture(scope="session")
+def emulators(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Emulator]:
+    out = tmp_path_factory.mktemp("emulation")
+    return {v: Emulator(emu_build.build(out, v)) for v in emu_build.VARIANTS}
+
+
+@pytest.fixture
+def emu(emulators: dict[str, Emulator]) -> Emulator:
+    return emulators["param32k"]
+
+
+def assert_matches_cpu_kernels(got: list[torch.Tensor], want: list[torch.Tensor], what: str) -> None:
+    """The element results bit for bit equal to the C++ CPU kernels' (shared element math)."""
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert_bitwise_equal(g, w, f"{what}[{i}]")
+
+
+# ---- the shim itself -------------------------------------------------------------------------
+
+
+def test_shim_detects_a_divergent_barrier(emu: Emulator):
+    out = torch.zeros(512, dtype=torch.int32)
+    err = ctypes.create_string_buffer(512)
+    rc = emu.lib.emu_selftest_divergent_barrier(ctypes.c_void_p(out.data_ptr()), 512, err, len(err))
+    assert rc != 0 and b"never released" in err.value
+
+
+def test_shim_warp_shuffles_and_block_vote(emu: Emulator, gen: torch.Generator):
+    blocks, threads = 3, 512
+    x = torch.randn(blocks * threads, generator=gen).abs() + 0.5
+    x[threads + 77] = -1.0  # block 1 alone has a negative value
+    sums = torch.full((blocks * threads // 32,), math.nan)
+    neg = torch.full((blocks,), -1, dtype=torch.int32)
+    err = ctypes.create_string_buffer(512)
+    p = [ctypes.c_void_p(t.data_ptr()) for t in (x, sums, neg)]
+    assert emu.lib.emu_selftest_warp_sum(*p, blocks, threads, err, len(err)) == 0, err.value
+    want = x.view(-1, 32).double().sum(1)
+    assert torch.allclose(sums.double(), want, rtol=1e-6)
+    assert neg.tolist() == [0, 1, 0]
+
+
+# ---- accumulate_ / accumulate_final_ ---------------------------------------------------------
+
+MODES = ("add", "assign_tensor", "final_l2", "final_inf_assign")
+
+
+def make_lists(grad_dtype, buf_dtype, numels, gen, unaligned=False):
+    grads = rand_list(numels, grad_dtype, "cpu", gen, unaligned=unaligned)
+    bufs = rand_list(numels, buf_dtype, "cpu", gen, unaligned=unaligned)
+    return bufs, grads
+
+
+def run_accumulate(target, bufs, grads, mode, alpha, alpha_t, inv_scale):
+    """Runs `mode` on target (the Emulator, or "ext" for the CPU kernels); returns (found_inf, norm_out)."""
+    found, norm = torch.zeros(1), torch.full((), math.nan)
+    assign = mode in ("assign_tensor", "final_inf_assign")
+    a_t = alpha_t if mode == "assign_tensor" else None
+    final = mode.startswith("final")
+    inv = inv_scale if mode == "final_l2" else None
+    norm_type = math.inf if mode == "final_inf_assign" else 2.0
+    if isinstance(target, Emulator):
+        target.accumulate_(bufs, grads, alpha, a_t, assign, (inv, found, norm, norm_type) if final else None)
+    elif final:
+        gradacc_ext.accumulate_final_(bufs, grads, found, norm, alpha, inv_scale=inv, assign=assign,
+                                      norm_type=norm_type, backend="ext")  # fmt: skip
+    else:
+        gradacc_ext.accumulate_(bufs, grads, alpha_t * alpha if a_t is not None else alpha, assign=assign,
+                                backend="ext")  # fmt: skip
+    return found, norm
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("grad_dtype", "buf_dtype"), PAIRS, ids=[f"g{name(g)}-b{name(b)}" for g, b in PAIRS])
+def test_accumulate(emu, gen, grad_dtype, buf_dtype, mode, layout):
+    bufs, grads = make_lists(grad_dtype, buf_dtype, ODD_SIZES, gen, unaligned=layout == "unaligned")
+    alpha = 0.25 + torch.rand((), generator=gen).item()
+    alpha_t = torch.full((), 0.5 + torch.rand((), generator=gen).item())
+    inv_scale = torch.full((), 2.0**-7)
+    assign = mode in ("assign_tensor", "final_inf_assign")
+    eff_alpha = alpha * (alpha_t.item() if mode == "assign_tensor" else 1.0)
+    inv = inv_scale.item() if mode == "final_l2" else 1.0
+    b64, g64 = f64(bufs), f64(grads)
+    want = [((0 if assign else b) + eff_alpha * g) * inv for b, g in zip(b64, g64, strict=True)]
+    mag = [((0 if assign else b.abs()) + (eff_alpha * g).abs()) * inv for b, g in zip(b64, g64, strict=True)]
+    cpu_bufs = [b.clone() for b in bufs]
+
+    found, norm = run_accumulate(emu, bufs, grads, mode, alpha, alpha_t, inv_scale)
+
+    assert_close_list(bufs, want, mag, 4, "bufs")
+    if mode.startswith("final"):
+        assert found.item() == 0.0
+        assert_norm_close(norm, bufs, math.inf if mode == "final_inf_assign" else 2.0, "norm_out")
+    if HAS_CPU_KERNELS:
+        cpu_found, _ = run_accumulate("ext", cpu_bufs, grads, mode, alpha, alpha_t, inv_scale)
+        assert_matches_cpu_kernels(bufs, cpu_bufs, "bufs vs CPU kernels")
+        assert found.item() == cpu_found.item()
+
+
+def test_accumulate_final_flags_an_overflow(emu, gen):
+    bufs, grads = make_lists(F16, F16, ODD_SIZES, gen)
+    grads[5][65536 + 3] = 60000.0  # in tensor 5's second chunk: 2 * 60000 overflows fp16
+    found, norm = torch.zeros(1), torch.full((), math.nan)
+    emu.accumulate_(bufs, grads, 2.0, final=(None, found, norm, 2.0))
+    assert found.item() == 1.0 and math.isinf(norm.item())
+
+
+# ---- global_norm -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("norm_type", [2.0, math.inf], ids=["l2", "inf"])
+@pytest.mark.parametrize("dtypes", ["float32", "float16", "bfloat16", "mixed"])
+def test_global_norm(emu, gen, dtypes, norm_type, layout):
+    numels = [*ODD_SIZES, 0, 3]
+    dts = random_dtypes(gen, len(numels)) if dtypes == "mixed" else getattr(torch, dtypes)
+    tensors = rand_list(numels, dts, "cpu", gen, unaligned=layout == "unaligned")
+    total, each = emu.global_norm(tensors, norm_type, per_tensor=True)
+    assert_norm_close(total, tensors, norm_type, "total")
+    assert_per_tensor_norms(each, tensors, norm_type)
+
+
+@pytest.mark.parametrize("norm_type", [0.0, 1.0, 3.0, 0.5, -math.inf], ids=lambda p: f"p{p:g}")
+def test_global_norm_any_order(emu, gen, norm_type):
+    """The orders beyond 2 and inf against torch.linalg.vector_norm in float64 (mixed dtypes, unaligned)."""
+    numels = [*ODD_SIZES, 3]
+    tensors = rand_list(numels, random_dtypes(gen, len(numels)), "cpu", gen, unaligned=True)
+    tensors[1][2] = 0.0  # the 0-"norm" counts nonzeros
+    total, each = emu.global_norm(tensors, norm_type, per_tensor=True)
+    x64 = f64(tensors)
+    want_each = torch.stack([torch.linalg.vector_norm(x, norm_type) for x in x64])
+    want = torch.linalg.vector_norm(torch.cat(x64), norm_type)
+    rtol = 0.0 if norm_type in (0.0, -math.inf) else 1e-4  # counts and minima are exact
+    torch.testing.assert_close(total.double(), want, rtol=rtol, atol=0.0)
+    torch.testing.assert_close(each.double(), want_each, rtol=rtol, atol=0.0)
+
+
+# ---- unscale_ / clip_by_norm_ / clip_by_value_ -----------------------------------------------
+
+
+def run_scale(target, tensors, mode, found, total_norm, max_norm, clip):
+    if isinstance(target, Emulator):
+        target.scale_(tensors, mode, inv_scale=torch.full((), 0.125), found_inf=found, total_norm=total_norm,
+                      max_norm=max_norm, eps=1e-6, clip_value=clip)  # fmt: skip
+    elif mode == "unscale":
+        gradacc_ext.unscale_(tensors, torch.full((), 0.125), found, backend="ext")
+    elif mode == "clip_norm":
+        gradacc_ext.clip_by_norm_(tensors, total_norm, max_norm, 1e-6, backend="ext")
+    else:
+        gradacc_ext.clip_by_value_(tensors, clip, backend="ext")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("mode", ["unscale", "clip_norm", "clip_value"])
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=name)
+def test_scale(emu, gen, dtype, mode, layout):
+    tensors = rand_list(ODD_SIZES, dtype, "cpu", gen, unaligned=layout == "unaligned")
+    if mode == "unscale":
+        tensors[3][100] = math.inf  # found_inf must see it; the product stays inf
+    x64 = f64(tensors)
+    total_norm = torch.full((), 4.0 + 8 * torch.rand((), generator=gen).item())
+    max_norm, clip = 1.5, 0.75
+    factor = {"unscale": 0.125, "clip_norm": max_norm / (total_norm.item() + 1e-6), "clip_value": 1.0}[mode]
+    want = [x.clamp(-clip, clip) if mode == "clip_value" else x * factor for x in x64]
+    cpu = [t.clone() for t in tensors]
+    found = torch.zeros(1)
+
+    run_scale(emu, tensors, mode, found, total_norm, max_norm, clip)
+
+    assert_close_list(tensors, want, [x.abs() for x in x64], 3, mode)
+    assert found.item() == (1.0 if mode == "unscale" else 0.0)
+    if HAS_CPU_KERNELS:
+        run_scale("ext", cpu, mode, torch.zeros(1), total_norm, max_norm, clip)
+        assert_matches_cpu_kernels(tensors, cpu, f"{mode} vs CPU kernels")
+
+
+# ---- many tensors: the metadata split over several launches ----------------------------------
+
+
+@pytest.mark.parametrize(("variant", "count"), [("param32k", 1300), ("param4k", 400)])
+def test_many_tensors_over_several_launches(emulators, gen, variant, count):
+    """More tensors than one launch's metadata holds (32 KB: 1065 pairs / 1278 singles; the 4 KB
+    variant for drivers without large kernel parameters: far fewer), mixed dtypes, a few empty and a
+    few multi-chunk tensors."""
+    emu = emulators[variant]
+    assert count > emu.capacity(1) and count > emu.capacity(2)
+    numels = small_sizes(gen, count, 90)
+    numels[5], numels[count // 2], numels[-1] = 0, 70001, 0
+    grad_dtypes = random_dtypes(gen, count)
+    grads = [t for t in rand_list(numels, grad_dtypes, "cpu", gen)]
+    bufs = rand_list(numels, F32, "cpu", gen)
+    b64, g64 = f64(bufs), f64(grads)
+    found, norm = torch.zeros(1), torch.full((), math.nan)
+
+    emu.accumulate_(bufs, grads, 0.5, final=(None, found, norm, 2.0))
+
+    assert_close_list(bufs, [b + 0.5 * g for b, g in zip(b64, g64, strict=True)],
+                      [b.abs() + (0.5 * g).abs() for b, g in zip(b64, g64, strict=True)], 3, "bufs")  # fmt: skip
+    assert found.item() == 0.0
+    assert_norm_close(norm, bufs, 2.0, "norm_out")
+    total, each = emu.global_norm(grads, 2.0, per_tensor=variant == "param4k")
+    assert_norm_close(total, grads, 2.0, "global_norm")
+    if variant == "param4k":
+        assert_per_tensor_norms(each, grads, 2.0)

@@ -1,0 +1,52 @@
+"""scripts/gpu_verify.sh: its --dry-run (the plan validated, the CPU-runnable pieces run) passes on
+this machine, records the environment and every step; without a GPU a real run stops at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "gpu_verify.sh"
+GPU_STEPS = {"env", "build", "tests", "gpu_checks", "memcheck", "racecheck", "bench"}
+
+
+def run_script(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHON=sys.executable)
+    env.pop("PYTHONPATH", None)  # the script must find the in-place build by itself
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_dry_run_passes_and_records_every_step(tmp_path):
+    proc = run_script("--dry-run", "--out", str(tmp_path), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    steps = {s["step"]: s for s in summary["steps"]}
+    assert summary["ok"] and GPU_STEPS <= set(steps), steps
+    assert {s["status"] for s in steps.values()} <= {"ok", "dry-run"}
+    for name in ("smoke_cpu", "bench_cpu", "bench_args"):  # the pieces a CPU can run did run
+        assert steps[name]["status"] == "ok" and (tmp_path / f"{name}.log").stat().st_size > 0
+    env = summary["environment"]
+    for key in ("date", "commit", "torch", "driver", "gpus"):
+        assert key in env
+    assert env["torch"] == torch.__version__
+    assert "TORCH_CUDA_ARCH_LIST=" in proc.stdout  # the plan names the single-arch build
+    assert list((tmp_path / "bench").glob("*.json")), "the CPU benchmark wrote its results"
+    assert (tmp_path / "summary.md").read_text().startswith("# gpu_verify: PASSED")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_real_run_without_a_gpu_stops_with_a_clear_message(tmp_path):
+    proc = run_script("--out", str(tmp_path), timeout=120)
+    assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr and "--dry-run" in proc.stderr
+
+
+def test_unknown_argument_is_rejected():
+    proc = run_script("--dryrun", timeout=30)
+    assert proc.returncode == 2 and "unknown argument '--dryrun'" in proc.stderr
