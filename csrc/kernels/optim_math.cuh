@@ -64,15 +64,7 @@ GRADACC_HD double sqrt_rn(double x) {
 
 // ---- loads and stores in the compute type -------------------------------
 
-// A stored element as compute type C (16-bit and fp32 values widen exactly).
-template <typename C, typename T>
-GRADACC_HD C load_as(T x) {
-  return C(Elem<T>::load(x));
-}
-template <>
-GRADACC_HD double load_as<double, double>(double x) {
-  return x;
-}
+// Loads use element_math.cuh's load_as<C>(x) (16-bit and fp32 values widen exactly).
 
 // Round-to-nearest store of a compute value into T.
 template <typename T, typename C>
