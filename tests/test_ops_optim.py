@@ -204,5 +204,13 @@ def test_opcheck(ext_device, gen):
         torch.library.opcheck(op.default, args)
 
 
+@pytest.mark.parametrize("name", ["adamw_step_", "sgd_step_"])
+def test_op_is_registered_for_every_backend(ext_device, name):
+    op = f"gradacc::{name}"
+    for key in ("CPU", "Meta", "SparseCPU"):  # Meta: the fake; Sparse: the checks reject sparse grads by name
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op, key), key
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA") == gradacc_ext.extension_has_cuda()
+
+
 def test_ops_are_exported():
     assert gradacc_ext.ops.adamw_step_ is adamw_step_ and gradacc_ext.ops.sgd_step_ is sgd_step_

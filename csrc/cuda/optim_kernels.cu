@@ -10,7 +10,9 @@
 namespace gradacc::cuda {
 namespace {
 
-using Kernel = void (*)(const ListMeta<kOptimDepth>, const OptimArgs);
+// Every instantiation has the same type (spelled this way, it also holds in the
+// host emulation of tests/emulation, which rewrites kernel signatures).
+using Kernel = decltype(&optim_kernel<OptimKind::kAdamW, false, false, false>);
 
 template <OptimKind kKind, bool kA, bool kB, bool kC>
 Kernel kernel_of() {

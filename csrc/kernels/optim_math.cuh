@@ -64,7 +64,7 @@ GRADACC_HD double sqrt_rn(double x) {
 
 // ---- loads and stores in the compute type -------------------------------
 
-// load_as<C>(x), a stored element as compute type C, is element_math.cuh's (exact widening, float64 too).
+// Loads use element_math.cuh's load_as<C>(x) (16-bit and fp32 values widen exactly).
 
 // Round-to-nearest store of a compute value into T.
 template <typename T, typename C>

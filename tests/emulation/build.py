@@ -37,9 +37,7 @@ def build(out_dir: Path, variant: str) -> Path:
             if f.suffix in (".cuh", ".h", ".cu"):
                 (src / sub / (f.name + (".cpp" if f.suffix == ".cu" else ""))).write_text(rewrite(f.read_text()))
     lib = out_dir / f"emu_{variant}.so"
-    # kernels.cu only: optim_kernels.cu (the fused optimizer steps) takes its __grid_constant__ metadata
-    # through a function-pointer type that rewrite()'s by-reference parameter does not match; not emulated yet.
-    units = [str(src / "cuda" / "kernels.cu.cpp")]
+    units = sorted(str(p) for p in (src / "cuda").glob("*.cu.cpp"))
     cmd = [
         os.environ.get("CXX", "g++"),
         "-O2",
