@@ -113,6 +113,7 @@ def _extensions():
 
     variants = _isa_variants()
     sources = ["csrc/ops.cpp", "csrc/binding.cpp", "csrc/cpu/isa.cpp", *CPU_ISA_SOURCES]
+    sources += ["csrc/binding_optim.cpp", "csrc/cpu/optim_cpu.cpp"]  # the fused optimizer steps (baseline only)
     define = [
         f'-DGRADACC_TORCH_VERSION="{torch_version}"',
         f'-DGRADACC_CUDA_VERSION="{cuda_version or ""}"',
@@ -120,12 +121,18 @@ def _extensions():
     ]
     # -ffp-contract=off: the element math must not be fused into FMAs on the
     # host either, so CPU results match the CUDA kernels bit for bit.
-    cxx = ["-O3", "-std=c++17", "-ffp-contract=off", *define]
+    # -fno-math-errno: sqrt (the AdamW step's) may then vectorise; IEEE sqrt is exact either way.
+    cxx = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-math-errno", *define]
     if variants:
         cxx.append("-DGRADACC_CPU_X86_VARIANTS")
     if use_cuda:
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
-        sources += ["csrc/cuda/kernels.cu", "csrc/cuda/register_cuda.cpp"]
+        sources += [
+            "csrc/cuda/kernels.cu",
+            "csrc/cuda/register_cuda.cpp",
+            "csrc/cuda/optim_kernels.cu",
+            "csrc/cuda/register_optim_cuda.cpp",
+        ]
         nvcc = ["-O3", "-std=c++17", "-DGRADACC_WITH_CUDA", *define]
         ext = CUDAExtension(
             "gradacc_ext._C", sources, extra_compile_args={"cxx": cxx + ["-DGRADACC_WITH_CUDA"], "nvcc": nvcc}

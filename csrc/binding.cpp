@@ -268,4 +268,10 @@ ScaleParams clip_value_params(const char* op, at::TensorList tensors, double cli
   return p;
 }
 
+void check_scalar_tensor(const char* op, const char* arg, const at::Tensor& t, const at::Device& device) {
+  check_scalar(op, arg, t, device);
+}
+
+at::Device tensor_list_device(at::TensorList list, const at::Tensor* fallback) { return list_device(list, fallback); }
+
 }  // namespace gradacc::binding

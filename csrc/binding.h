@@ -39,4 +39,10 @@ ScaleParams clip_norm_params(const char* op, at::TensorList tensors, const at::T
                              double eps);
 ScaleParams clip_value_params(const char* op, at::TensorList tensors, double clip_value);
 
+// Shared with the optimizer steps' binding (binding_optim.cpp).
+// A one-element float32 tensor on `device`, else a c10::Error naming `arg`.
+void check_scalar_tensor(const char* op, const char* arg, const at::Tensor& t, const at::Device& device);
+// The device of the list's first defined tensor; `fallback`'s (or the CPU) when there is none.
+at::Device tensor_list_device(at::TensorList list, const at::Tensor* fallback);
+
 }  // namespace gradacc::binding

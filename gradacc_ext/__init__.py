@@ -24,9 +24,10 @@ from .planning import AccumulationPlan, plan_accumulation, probe_max_micro_batch
 __version__ = "0.1.0"
 
 if extension_loaded():
-    from .ops import _fake
+    from .ops import _fake, _fake_optim
 
     _fake.register()
+    _fake_optim.register()
 
 __all__ = [
     "AccumulationPlan",

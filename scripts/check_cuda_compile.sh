@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Compile check of the CUDA sources on a machine without a GPU (CI).
 #
-#   1. csrc/cuda/kernels.cu with nvcc for sm_80 and sm_90, with the flags
+#   1. csrc/cuda/kernels.cu and optim_kernels.cu with nvcc for sm_80 and sm_90, with the flags
 #      torch's CUDAExtension adds (setup.py builds it that way). Every nvcc and
 #      ptxas warning is an error, including register spills and local-memory
 #      use (a 32 KB by-value metadata struct must never land in local memory).
-#   2. csrc/cuda/register_cuda.cpp (host C++) against the installed torch's
+#   2. csrc/cuda/register_cuda.cpp and register_optim_cuda.cpp (host C++) against the installed torch's
 #      headers, syntax only. A CPU-only torch wheel lacks one generated
 #      header, c10/cuda/impl/cuda_cmake_macros.h; a stub with its real content
 #      is put on the include path.
@@ -43,17 +43,21 @@ mapfile -t TORCH_INCLUDES < <(sed -n 's/^I //p' <<<"$TORCH_INFO")
 mapfile -t TORCH_NVCC_FLAGS < <(sed -n 's/^F //p' <<<"$TORCH_INFO")
 
 echo "nvcc: $NVCC ($("$NVCC" --version | grep -o 'release [0-9.]*'))"
-timed "csrc/cuda/kernels.cu (nvcc, sm_80 + sm_90)" \
-  "$NVCC" -c "$ROOT/csrc/cuda/kernels.cu" -o "$TMP/kernels.o" -std=c++17 -O3 -DGRADACC_WITH_CUDA \
-  "${TORCH_NVCC_FLAGS[@]}" -Xcompiler -fPIC \
-  -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-  -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror \
-  -Xptxas -warn-spills,-warn-lmem-usage,-Werror
+for cu in kernels optim_kernels; do
+  timed "csrc/cuda/$cu.cu (nvcc, sm_80 + sm_90)" \
+    "$NVCC" -c "$ROOT/csrc/cuda/$cu.cu" -o "$TMP/$cu.o" -std=c++17 -O3 -DGRADACC_WITH_CUDA \
+    "${TORCH_NVCC_FLAGS[@]}" -Xcompiler -fPIC \
+    -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+    -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror \
+    -Xptxas -warn-spills,-warn-lmem-usage,-Werror
+done
 
 mkdir -p "$TMP/stub/c10/cuda/impl"
 printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' >"$TMP/stub/c10/cuda/impl/cuda_cmake_macros.h"
-timed "csrc/cuda/register_cuda.cpp ($CXX -fsyntax-only, torch headers)" \
-  "$CXX" -fsyntax-only -std=c++17 -DGRADACC_WITH_CUDA -Wall -Wextra -Werror \
-  "${TORCH_INCLUDES[@]/#/-isystem}" -isystem "$CUDA_INCLUDE" -isystem "$TMP/stub" \
-  "$ROOT/csrc/cuda/register_cuda.cpp"
+for reg in register_cuda register_optim_cuda; do
+  timed "csrc/cuda/$reg.cpp ($CXX -fsyntax-only, torch headers)" \
+    "$CXX" -fsyntax-only -std=c++17 -DGRADACC_WITH_CUDA -Wall -Wextra -Werror \
+    "${TORCH_INCLUDES[@]/#/-isystem}" -isystem "$CUDA_INCLUDE" -isystem "$TMP/stub" \
+    "$ROOT/csrc/cuda/$reg.cpp"
+done
 echo "CUDA compile check passed"

@@ -125,7 +125,9 @@ def test_fused_adamw_path_matches_and_defers_scheduler(fused):
     batches = make_batches(7, 3, torch.float32, seed)
     opt = make_optimizer("adamw", model.parameters(), fused=fused)
     sched = make_scheduler(opt)
-    acc = GradientAccumulator(model, opt, GradientAccumulationConfig(accumulation_steps=n, max_grad_norm=0.2), sched)
+    # fused_step=False: torch's own fused step through GradScaler's protocol (the fused tail has its own tests).
+    config = GradientAccumulationConfig(accumulation_steps=n, max_grad_norm=0.2, fused_step=False)
+    acc = GradientAccumulator(model, opt, config, sched)
     assert acc._stepper.fused is fused
     for i, batch in enumerate(batches):
         with acc.micro_step():

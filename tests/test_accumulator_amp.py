@@ -54,7 +54,10 @@ def test_fp16_overflow_skips_step_backs_off_and_keeps_scheduler(fused):
     opt = make_optimizer("adamw", model.parameters(), fused=fused)
     sched = make_scheduler(opt)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1000)
-    config = GradientAccumulationConfig(accumulation_steps=n, mixed_precision="fp16", max_grad_norm=1.0)
+    # fused_step=False: the plain tail, with torch's fused AdamW when fused (test_accumulator_fused has the fused tail).
+    config = GradientAccumulationConfig(
+        accumulation_steps=n, mixed_precision="fp16", max_grad_norm=1.0, fused_step=False
+    )
     acc = GradientAccumulator(model, opt, config, sched, scaler=scaler)
     fp32_forward(acc)
     batches = make_batches(2 * n, 4, torch.float32, seed)

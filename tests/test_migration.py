@@ -79,6 +79,10 @@ def ordinary_loop(seed: int, grad_clip: float) -> torch.nn.Module:
 def migrated_loop(seed: int, grad_clip: float, keep_division: bool = False, **config) -> torch.nn.Module:
     model, optimizer, batches = setup(seed)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
+    # fused_step=False: the step is torch's own fused AdamW, as in the ordinary loop, so the twins compare
+    # bit for bit. The default fused tail computes AdamW in gradacc's kernel: equal within fp32 rounding
+    # (tests/test_accumulator_fused.py), which AdamW amplifies on this model's exactly-zero key-bias grads.
+    config = {"fused_step": False, **config}
     cfg = GradientAccumulationConfig(
         accumulation_steps=GAS, max_grad_norm=grad_clip, mixed_precision=torch.float32, **config
     )

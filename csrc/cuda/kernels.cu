@@ -7,6 +7,7 @@
 #include "../kernels/accumulate.cuh"
 #include "../kernels/norm.cuh"
 #include "../kernels/scale.cuh"
+#include "batches.cuh"
 #include "launch.h"
 
 namespace gradacc::cuda {
@@ -16,37 +17,6 @@ int64_t total_chunks(const std::vector<Span>& spans) {
   int64_t n = 0;
   for (const Span& s : spans) n += chunks_of(s.numel);
   return n;
-}
-
-// Calls launch(meta, blocks) once per batch of plan_launches(): the lists
-// run in parallel (same numel per index); lists[0] decides the chunks.
-template <int D, typename Launch>
-cudaError_t for_each_batch(const std::array<const std::vector<Span>*, D>& lists, Launch&& launch) {
-  const std::vector<Span>& spans = *lists[0];
-  ListMeta<D> meta;  // only the slots below are read by the kernel
-  for (const LaunchBatch& b : plan_launches(spans, ListMeta<D>::kCapacity)) {
-    if (b.num_chunks > INT32_MAX) return cudaErrorInvalidValue;  // grid.x and chunk_start are 32-bit
-    meta.first_chunk = b.first_chunk;
-    int slot = 0;
-    int32_t chunk = 0;
-    for (int64_t t = b.first_tensor; t < b.end_tensor; ++t) {
-      if (spans[t].numel == 0) continue;  // an empty tensor takes no slot and no chunk
-      for (int d = 0; d < D; ++d) {
-        meta.data[d][slot] = (*lists[d])[t].data;
-        meta.dtype[d][slot] = (*lists[d])[t].dtype;
-      }
-      meta.numel[slot] = spans[t].numel;
-      meta.chunk_start[slot] = chunk;
-      if constexpr (D == 1) meta.tensor_index[slot] = int32_t(t);
-      chunk += int32_t(chunks_of(spans[t].numel));
-      ++slot;
-    }
-    meta.num_tensors = slot;
-    launch(meta, unsigned(b.num_chunks));
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
 }
 
 // Workspace of the norm: partials[chunks], then chunk_tensor[chunks].

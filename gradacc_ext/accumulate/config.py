@@ -93,6 +93,12 @@ class GradientAccumulationConfig:
       skip_nonfinite: skip the optimizer (and scheduler) step when the
         accumulated gradient holds inf/NaN. Always on for fp16. Costs one host
         sync per window unless the optimizer is fused (then none).
+      fused_step: "auto" (default) ends each window with one fused optimizer pass
+        (gradacc's adamw_step_/sgd_step_) when the optimizer allows it
+        (FusedAdamW, FusedSGD, or torch's AdamW / Adam / SGD with options the op
+        supports), else the plain tail and optimizer.step(), saying why once;
+        True requires the fused pass (ValueError when the optimizer cannot take
+        it); False never uses it. See accumulate/fused_tail.py.
     Stats
       grad_norm_history: how many per-step grad norms to keep on the device (0: none);
       track_memory: record CUDA peak memory per step (host counters, no sync).
@@ -136,6 +142,7 @@ class GradientAccumulationConfig:
     growth_interval: int = 2000
     loss_normalization: LossNormalization = "mean"
     skip_nonfinite: bool = True
+    fused_step: bool | str = "auto"
     grad_norm_history: int = 1000
     track_memory: bool = True
     bucket_size_bytes: int = 25 * 1024 * 1024
@@ -182,6 +189,10 @@ class GradientAccumulationConfig:
             raise ValueError(
                 "GradientAccumulationConfig.skip_nonfinite must be True with mixed_precision='fp16': "
                 "dynamic loss scaling skips every step whose gradient overflowed"
+            )
+        if self.fused_step not in (True, False, "auto") or not isinstance(self.fused_step, (bool, str)):
+            raise ValueError(
+                f"GradientAccumulationConfig.fused_step must be 'auto', True or False, got {self.fused_step!r}"
             )
         if isinstance(self.grad_norm_history, bool) or not isinstance(self.grad_norm_history, int):
             raise ValueError(

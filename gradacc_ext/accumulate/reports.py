@@ -73,6 +73,8 @@ class StatsReport:
             "avg_gradient_norm": float(finite.mean()) if len(finite) else None,
             "peak_memory_gb": self.stats.peak_memory_gb(),
             "memory_usage": list(self.stats.memory_usage),
+            "fused_step": self.stats.fused_step,
+            "fused_step_reason": self.stats.fused_step_reason,
             "time_per_micro_step_s": self.stats.mean_micro_step_time(),
             "time_per_step_s": step_time,
             "avg_accumulation_time": step_time,

@@ -51,6 +51,8 @@ class AccumulatorStats:
         self.track_memory = track_memory and device.type == "cuda"
         # An OrderedDict because RemovableHandle keeps a weak reference to it (a plain dict has none).
         self._callbacks: OrderedDict[int, Callable[[StepInfo], None]] = OrderedDict()
+        self.fused_step = False  # whether windows end in the fused optimizer pass (set by WindowEnd) ...
+        self.fused_step_reason = ""  # ... and why not
         self.reset()
 
     def reset(self) -> None:

@@ -2,8 +2,8 @@
 
 Host syncs: per window, one (reading found_inf to skip a non-finite step)
 when skip_nonfinite is on and the optimizer is not fused; none with a fused
-optimizer (torch's Adam/AdamW/SGD with fused=True), which gets found_inf as
-a tensor and skips on the device. Then whether the window was skipped is
+optimizer (torch's Adam/AdamW/SGD with fused=True) or with the fused tail
+(config.fused_step), which get found_inf as a tensor and skip on the device. Then whether the window was skipped is
 read lazily: the scheduler step of window k (taken only if it was a real
 step) happens just before window k+1's optimizer step, or whenever the
 accumulator calls resolve() (flush, state_dict, synchronize, a stats read),
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -56,22 +57,32 @@ class OptimizerStepper:
         self._restored = False
         self.last_skipped: bool | None = None
 
-    def step(self, found_inf: torch.Tensor) -> None:
-        optimizer = self.optimizer
-        if self.fused:
-            self.resolve()
-            # The buffers are already unscaled: only found_inf, which makes the kernel skip on the device.
-            optimizer.grad_scale, optimizer.found_inf = None, found_inf
-            try:
-                optimizer.step()
-            finally:
-                del optimizer.grad_scale, optimizer.found_inf
+    def step(self, found_inf: torch.Tensor, run: Callable[[torch.Tensor | None], None] | None = None) -> None:
+        """Steps once. run(found_inf or None): a step that skips on the device itself (the fused tail)."""
+        self.resolve()  # the scheduler's deferred step first: this step uses the lr it sets
+        if run is None and self.fused:
+            run = self._torch_fused_step
+        if run is not None:
+            if not self.skip_nonfinite:
+                run(None)
+                self._record(False)
+                return
+            run(found_inf)
             self.pending = _DeferredFlag(found_inf)
             return
         skipped = self.skip_nonfinite and bool(found_inf.item())  # the window's one host sync
         if not skipped:
-            optimizer.step()
+            self.optimizer.step()
         self._record(skipped)
+
+    def _torch_fused_step(self, found_inf: torch.Tensor | None) -> None:
+        # The buffers are already unscaled: only found_inf, which makes the kernel skip on the device.
+        optimizer = self.optimizer
+        optimizer.grad_scale, optimizer.found_inf = None, found_inf
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.grad_scale, optimizer.found_inf
 
     def resolve(self) -> None:
         """Reads a deferred fused step's outcome (one host read): counts it, steps the scheduler if real."""

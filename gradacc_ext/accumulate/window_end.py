@@ -4,7 +4,8 @@ The buffers hold a SUM; the window's normaliser and the fp16 loss scale are
 applied once, as the device tensor inv_scale = 1 / (loss_scale * normaliser),
 in one final pass over the window's views (unscale, inf check, norm) after
 the last micro-step's backward has folded its gradients. Clipping then acts on the fully accumulated, unscaled
-gradient, and the optimizer sees the buffers as param.grad.
+gradient, and the optimizer sees the buffers as param.grad. With a FusedTail (config.fused_step) the
+unscale and clip passes fold into the fused optimizer pass instead (see fused_tail.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 from ..distributed.grad_sync import LocalSync
 from .buffers import GradBuffers
 from .config import GradientAccumulationConfig
+from .fused_tail import FusedTail
 from .loss_scale import LossScale
 from .stats import AccumulatorStats
 from .stepper import OptimizerStepper
@@ -33,6 +35,8 @@ class WindowEnd:
         stats: AccumulatorStats,
     ) -> None:
         self.config, self.buffers, self.sync = config, buffers, sync
+        self.tail, why = FusedTail.choose(config.fused_step, stepper.optimizer, buffers)
+        stats.fused_step, stats.fused_step_reason = self.tail is not None, why
         self.loss_scale, self.stepper, self.stats = loss_scale, stepper, stats
         self.device = buffers.device
         self.scalar_dtype = torch.float64 if torch.float64 in buffers.dtypes else torch.float32
@@ -53,12 +57,17 @@ class WindowEnd:
         count = window.count()
         if self.sync.reduces:
             self.sync.reduce(b, count)
-        b.finish(self._inv_scale(count), self.found_inf, self.norm, c.norm_type)
-        self.sync.global_norm(self.norm, self.found_inf, c.norm_type)  # sharded buffers: norm across shards
-        b.clip(self.norm, c.max_grad_norm, c.clip_value)
-        b.expose()
+        inv_scale = self._inv_scale(count)
         scale = self.loss_scale.tensor(self.device).clone() if self.loss_scale is not None else None
-        self.stepper.step(self.found_inf)
+        if self.tail is not None:
+            mult = self.tail.finish(c, inv_scale, self.found_inf, self.norm, self.sync.global_norm)
+            self.stepper.step(self.found_inf, run=lambda found_inf: self.tail.step(mult, found_inf))
+        else:
+            b.finish(inv_scale, self.found_inf, self.norm, c.norm_type)
+            self.sync.global_norm(self.norm, self.found_inf, c.norm_type)  # sharded buffers: norm across shards
+            b.clip(self.norm, c.max_grad_norm, c.clip_value)
+            b.expose()
+            self.stepper.step(self.found_inf)
         if self.loss_scale is not None:
             self.loss_scale.update(self.found_inf)
         b.release()

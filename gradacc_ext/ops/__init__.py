@@ -17,16 +17,19 @@ from .api import (
     resolve_backend,
     unscale_,
 )
+from .optim_api import adamw_step_, sgd_step_
 
 __all__ = [
     "BACKENDS",
     "DEFAULT_EPS",
     "accumulate_",
+    "adamw_step_",
     "accumulate_final_",
     "clip_by_norm_",
     "clip_by_value_",
     "clip_grad_norm_",
     "global_norm",
     "resolve_backend",
+    "sgd_step_",
     "unscale_",
 ]

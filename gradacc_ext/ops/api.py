@@ -15,6 +15,7 @@ host, so all are CUDA-graph capturable on the compiled path.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from types import ModuleType
 from typing import Literal
 
 import torch
@@ -58,6 +59,7 @@ def _run(
     validate: Callable[[], object],
     args: tuple,
     on_empty: Callable[[], object] | None = None,
+    reference_impl: ModuleType = reference,
 ):
     """Calls op `name` on the chosen backend.
 
@@ -66,6 +68,7 @@ def _run(
     the equivalent Python checks first. Either way nothing is written when an
     argument is rejected. `on_empty` is the result for empty lists (nothing to
     launch): their arguments, backend included, are still checked.
+    `reference_impl` is the module holding the op's pure-PyTorch reference.
     """
     chosen, _ = resolve_backend(device, backend)
     if on_empty is not None:
@@ -74,7 +77,7 @@ def _run(
     if chosen == "ext":
         return getattr(torch.ops.gradacc, name)(*args)
     validate()
-    return getattr(reference, name)(*args)
+    return getattr(reference_impl, name)(*args)
 
 
 def _nothing() -> None:

@@ -1,0 +1,148 @@
+"""The window's tail + AdamW step, side by side in one run (issue 10, "Measure it").
+
+Every contender starts from the same state: fp32 params whose .grad are fp32 accumulation buffers,
+and this window's last bf16 micro-step grads (loss-scaled). It must add them, unscale, check for
+inf, clip the global L2 norm and take one AdamW step:
+
+* gradacc fused step: accumulate_final_ (add + unscale + inf + norm, one pass), then adamw_step_ with
+  the clip coefficient folded into grad_mult (one pass): no clip pass;
+* gradacc tail + torch fused AdamW: accumulate_final_, clip_by_norm_, torch AdamW(fused=True);
+* torch eager: _foreach_add_, GradScaler's unscale kernel, clip_grad_norm_(foreach), AdamW(foreach);
+* torch fused AdamW + foreach clip: the same tail, then AdamW(fused=True).
+
+Byte model (bytes per param that must move): grad read 2, buffer read+write 8, then the step reads
+param, buffer, exp_avg, exp_avg_sq (16) and writes param, exp_avg, exp_avg_sq (12): 38 B/param.
+Timings are medians of --repeats calls; figures depend on the machine (say which when you quote).
+
+    PYTHONPATH=. python benchmarks/fused_step.py --workload gpt2-small --scale 0.25 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from gradacc_ext import ops
+from gradacc_ext.benchmarking.workloads import WORKLOADS, make_workload
+from gradacc_ext.ops.reference import clip_coefficient
+
+BYTES_PER_PARAM = 2 + 8 + 16 + 12
+LR, MAX_NORM, LOSS_SCALE = 1e-4, 1.0, 1024.0
+
+
+class State:
+    def __init__(self, shapes, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.params = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+        for p in self.params:
+            p.grad = torch.randn(p.shape, generator=g) * LOSS_SCALE
+        self.grads = [(torch.randn(p.shape, generator=g) * LOSS_SCALE).bfloat16() for p in self.params]
+        self.inv_scale = torch.full((), 1 / LOSS_SCALE)
+        self.found_inf = torch.zeros(())
+        self.norm = torch.zeros(())
+        self.bufs = [p.grad for p in self.params]
+
+
+def gradacc_fused(s: State) -> Callable[[], None]:
+    exp_avgs = [torch.zeros_like(p) for p in s.params]
+    exp_avg_sqs = [torch.zeros_like(p) for p in s.params]
+    step = [torch.zeros(())]  # one count shared by the list
+
+    def run() -> None:
+        ops.accumulate_final_(s.bufs, s.grads, s.found_inf, s.norm, inv_scale=s.inv_scale)
+        coef = clip_coefficient(s.norm, MAX_NORM, ops.DEFAULT_EPS)
+        ops.adamw_step_(s.params, s.bufs, exp_avgs, exp_avg_sqs, step, lr=LR, grad_mult=coef, found_inf=s.found_inf)
+
+    return run
+
+
+def gradacc_tail_torch_fused(s: State) -> Callable[[], None]:
+    opt = torch.optim.AdamW(s.params, lr=LR, fused=True)
+
+    def run() -> None:
+        ops.accumulate_final_(s.bufs, s.grads, s.found_inf, s.norm, inv_scale=s.inv_scale)
+        ops.clip_by_norm_(s.bufs, s.norm, MAX_NORM)
+        opt.step()
+
+    return run
+
+
+def torch_tail(opt: torch.optim.Optimizer, s: State) -> Callable[[], None]:
+    def run() -> None:
+        torch._foreach_add_(s.bufs, s.grads)
+        torch._amp_foreach_non_finite_check_and_unscale_(s.bufs, s.found_inf, s.inv_scale)
+        torch.nn.utils.clip_grad_norm_(s.params, MAX_NORM, foreach=True)
+        opt.step()
+
+    return run
+
+
+CONTENDERS = {
+    "gradacc fused step": gradacc_fused,
+    "gradacc tail + torch fused AdamW": gradacc_tail_torch_fused,
+    "torch eager (foreach)": lambda s: torch_tail(torch.optim.AdamW(s.params, lr=LR, foreach=True), s),
+    "torch fused AdamW + foreach clip": lambda s: torch_tail(torch.optim.AdamW(s.params, lr=LR, fused=True), s),
+}
+
+
+def copy_ms(numel: int, repeats: int) -> float:
+    """A plain copy moving the same bytes: the bandwidth yardstick."""
+    src = torch.empty(BYTES_PER_PARAM * numel // 8, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    return 1e3 * statistics.median(_times(lambda: dst.copy_(src), repeats))
+
+
+def _times(fn: Callable[[], object], repeats: int, warm_up: bool = True) -> list[float]:
+    if warm_up:
+        fn()  # state allocation, first touch
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=[k for k in WORKLOADS if k != "huge"], default="gpt2-small")
+    parser.add_argument("--scale", type=float, default=0.25)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    workload = make_workload(args.workload, args.scale)
+    numel = workload.numel
+    print(f"{workload.name}: {workload.summary()}; {args.threads} thread(s); torch {torch.__version__}")
+    copy = copy_ms(numel, args.repeats)
+    fns, first_steps = {}, {}
+    with torch.no_grad():
+        for name, build in CONTENDERS.items():
+            state = State(workload.shapes, seed=0)
+            fns[name] = build(state)
+            fns[name]()  # the first step from the common state doubles as the warm-up
+            first_steps[name] = torch.cat([p.reshape(-1) for p in state.params])
+        # interleaved rounds: on a shared machine, load changes hit every contender alike
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        for _ in range(args.repeats):
+            for name, fn in fns.items():
+                times[name] += _times(fn, 1, warm_up=False)
+    rows = [(name, 1e3 * statistics.median(t)) for name, t in times.items()]
+    eager = dict(rows)["torch eager (foreach)"]
+    for name, params in first_steps.items():  # every contender computes the same step
+        err = float((params - first_steps["torch eager (foreach)"]).abs().max())
+        if err > 1e-5:
+            raise SystemExit(f"{name}: its first step differs from torch eager's by {err:.3g}")
+    print(f"{'contender':36s} {'ms':>9s} {'vs eager':>9s} {'GB/s':>7s} {'% copy':>7s}")
+    for name, ms in rows:
+        gbps = BYTES_PER_PARAM * numel / ms / 1e6
+        print(f"{name:36s} {ms:9.1f} {eager / ms:8.2f}x {gbps:7.2f} {100 * copy / ms:6.0f}%")
+    print(f"{'copy of the same bytes':36s} {copy:9.1f}")
+
+
+if __name__ == "__main__":
+    main()

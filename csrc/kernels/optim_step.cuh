@@ -1,0 +1,135 @@
+// CUDA kernels of the fused optimizer steps (AdamW, SGD). Torch-free.
+//
+// One block per chunk, like every other multi-tensor kernel; the element
+// math is optim_math.cuh, the same as the CPU kernel's. fp32/16-bit chunks
+// whose pointers are all 16-byte aligned take 16-byte accesses (apex
+// multi_tensor_axpby style), the rest (and fp64) go element by element;
+// the chunk's last n % 8 elements are the scalar tail. Step counts are read
+// here and incremented afterwards by step_increment_kernel, so no block ever
+// sees another's increment.
+#pragma once
+
+#include "multi_tensor.cuh"
+#include "optim_dispatch.cuh"
+
+namespace gradacc::cuda {
+
+// Slots of the launch metadata: param, grad, the three state lists, the
+// master weights and the step count (null pointers where unused).
+enum OptimSlot : int { kParam = 0, kGrad, kState0, kState1, kState2, kMaster, kStep, kOptimDepth };
+
+struct OptimArgs {
+  OptimScalars s;
+  const float* lr_ptr;
+  const float* grad_mult_ptr;
+  const float* found_inf;
+  int64_t seed;
+  ParamMode mode;
+};
+static_assert(sizeof(ListMeta<kOptimDepth>) + sizeof(OptimArgs) <= kParamLimit, "optimizer kernel parameters");
+
+// Calls fn(Width<W>{}, i) over the chunk; fp64 (no 16-byte path) goes one
+// element per call.
+template <bool kCanVec, typename F>
+__device__ __forceinline__ void for_each_element_group(int n, bool vec, F&& fn) {
+  if constexpr (kCanVec) {
+    for_each_group(n, vec, fn);
+  } else {
+    for (int i = int(threadIdx.x); i < n; i += kBlockThreads) fn(Width<1>{}, i);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T* slot_ptr(const ListMeta<kOptimDepth>& meta, int slot, int which, int64_t first) {
+  void* p = meta.data[which][slot];
+  return p == nullptr ? nullptr : static_cast<T*>(p) + first;
+}
+
+// kKind kAdamW: kA = amsgrad. kSgd: kA = momentum, kB = nesterov, kC = weight decay.
+template <OptimKind kKind, bool kA, bool kB, bool kC>
+__global__ void __launch_bounds__(kBlockThreads)
+    optim_kernel(const __grid_constant__ ListMeta<kOptimDepth> meta, const OptimArgs args) {
+  if (args.found_inf != nullptr && *args.found_inf != 0.0f) return;  // uniform: the whole step is skipped
+  const BlockChunk c = block_chunk(meta);
+  const float* step = static_cast<const float*>(meta.data[kStep][c.slot]);
+  const double done = step != nullptr ? double(*step) : 0.0;
+  const double lr = args.lr_ptr != nullptr ? args.s.lr * double(*args.lr_ptr) : args.s.lr;
+  const double mult = args.grad_mult_ptr != nullptr ? double(*args.grad_mult_ptr) : 1.0;
+  const uint64_t stream = rounding_stream(args.seed, float(done + 1.0));
+  const uint64_t position = uint64_t(meta.first_chunk + int64_t(blockIdx.x)) * uint64_t(kChunkElems);
+
+  dispatch_param_grad(meta.dtype[kParam][c.slot], meta.dtype[kGrad][c.slot], [&](auto param_tag, auto grad_tag) {
+    using P = decltype(param_tag);
+    using G = decltype(grad_tag);
+    using C = ComputeOf<P>;
+    P* param = slot_ptr<P>(meta, c.slot, kParam, c.first_elem);
+    const G* grad = slot_ptr<const G>(meta, c.slot, kGrad, c.first_elem);
+    C* s0 = slot_ptr<C>(meta, c.slot, kState0, c.first_elem);
+    C* s1 = slot_ptr<C>(meta, c.slot, kState1, c.first_elem);
+    C* s2 = slot_ptr<C>(meta, c.slot, kState2, c.first_elem);
+    float* master = slot_ptr<float>(meta, c.slot, kMaster, c.first_elem);
+    const bool vec = aligned16(param) && aligned16(grad) && aligned16(s0) && aligned16(s1) && aligned16(s2) &&
+                     aligned16(master);  // a null pointer counts as aligned
+    dispatch_mode<P>(args.mode, [&](auto mode_tag) {
+      constexpr ParamMode M = decltype(mode_tag)::value;
+      constexpr bool kAdam = kKind == OptimKind::kAdamW;
+      const auto consts = [&] {
+        if constexpr (kAdam) {
+          return adam_consts<C>(args.s, lr, done + 1.0, mult);
+        } else {
+          return sgd_consts<C>(args.s, lr, done, mult);
+        }
+      }();
+      constexpr bool kUses0 = kAdam || kA, kUses1 = kAdam, kUses2 = kAdam && kA;
+      for_each_element_group<!std::is_same_v<C, double>>(c.n, vec, [&](auto width, int i) {
+        constexpr int W = decltype(width)::value;
+        C p[W], st[3][W] = {};  // the state slots this step uses (SGD: only st[0])
+        G g[W];
+        load_raw<W>(grad + i, g);
+        if constexpr (M == ParamMode::kMaster) {
+          load_raw<W>(master + i, p);
+        } else {
+          P raw[W];
+          load_raw<W>(param + i, raw);
+#pragma unroll
+          for (int k = 0; k < W; ++k) p[k] = load_as<C>(raw[k]);
+        }
+        if constexpr (kUses0) load_raw<W>(s0 + i, st[0]);
+        if constexpr (kUses1) load_raw<W>(s1 + i, st[1]);
+        if constexpr (kUses2) load_raw<W>(s2 + i, st[2]);
+        P out[W];
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+          const C gk = load_as<C>(g[k]);
+          if constexpr (kAdam) {
+            p[k] = adamw_value<kA>(p[k], gk, st[0][k], st[1][k], st[2][k], consts);
+          } else {
+            p[k] = sgd_value<kA, kB, kC>(p[k], gk, st[0][k], consts);
+          }
+          out[k] = store_param<P, M>(p[k], stream, position + uint64_t(i + k));
+        }
+        if constexpr (kUses0) store_raw<W>(s0 + i, st[0]);
+        if constexpr (kUses1) store_raw<W>(s1 + i, st[1]);
+        if constexpr (kUses2) store_raw<W>(s2 + i, st[2]);
+        if constexpr (M == ParamMode::kMaster) store_raw<W>(master + i, p);
+        store_raw<W>(param + i, out);
+      });
+    });
+  });
+}
+
+// The step counts of one launch, incremented after the update kernels.
+constexpr int kStepBatch = int((kParamLimit - 64) / sizeof(float*));
+struct StepList {
+  float* ptr[kStepBatch];
+  const float* found_inf;
+  int count;
+};
+
+__global__ void step_increment_kernel(const __grid_constant__ StepList list) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= list.count || (list.found_inf != nullptr && *list.found_inf != 0.0f)) return;
+  *list.ptr[i] = add_rn(*list.ptr[i], 1.0f);
+}
+
+}  // namespace gradacc::cuda

@@ -1,0 +1,208 @@
+"""Pure-PyTorch reference of the fused optimizer steps (gradacc::adamw_step_, sgd_step_).
+
+Same signatures and in-place semantics as the ops of csrc/ops.cpp, and the same arithmetic:
+torch.optim.AdamW / SGD operation by operation, each rounded on its own, in float32 (float64
+for float64 params), with the per-tensor constants computed in float64 from the step count.
+It is the fallback backend and the tests' oracle (on float64 inputs it computes in float64).
+
+Nothing here synchronises the host: lr, the grad multiplier, found_inf and the step counts
+stay tensors, and a found_inf step writes back the values it read. It performs no argument
+checks: gradacc_ext.ops.optim_api validates before calling it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ._checks_optim import LOW, MODES, state_dtype
+
+F64 = torch.float64
+_CHUNK = 65536  # csrc/kernels/chunking.h: random positions are counted in chunks
+_M64 = (1 << 64) - 1
+
+
+def _signed(value: int) -> int:
+    """A uint64 constant as the int64 with the same bits."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 tensors holding uint64 bits."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def splitmix64(x: torch.Tensor) -> torch.Tensor:
+    """csrc/kernels/optim_math.cuh's splitmix64 on int64 tensors (wrapping arithmetic)."""
+    x = x + _signed(0x9E3779B97F4A7C15)
+    x = (x ^ _shr(x, 30)) * _signed(0xBF58476D1CE4E5B9)
+    x = (x ^ _shr(x, 27)) * _signed(0x94D049BB133111EB)
+    return x ^ _shr(x, 31)
+
+
+def random_bits(seed: int, step: torch.Tensor, first: int, numel: int) -> torch.Tensor:
+    """The 32 random bits of positions first .. first + numel - 1 at `step` (int64 tensor)."""
+    seeded = splitmix64(torch.tensor(_signed(seed & _M64), dtype=torch.int64, device=step.device))
+    stream = splitmix64(seeded ^ step.to(torch.int64))
+    positions = torch.arange(first, first + numel, dtype=torch.int64, device=step.device)
+    return _shr(splitmix64(stream + positions), 32)
+
+
+def stochastic_round(x: torch.Tensor, dtype: torch.dtype, r: torch.Tensor) -> torch.Tensor:
+    """float32 x rounded to bf16/fp16, up with probability (x - down) / (up - down)."""
+    x = x.reshape(-1)
+    nearest = x.to(dtype)
+    if dtype == torch.bfloat16:
+        u = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        b = _shr(u + (r & 0xFFFF), 16)
+        out = torch.where(b >= 1 << 15, b - (1 << 16), b).to(torch.int16).view(torch.bfloat16)
+        return torch.where(torch.isfinite(x), out, nearest)
+    a = x.abs()
+    nb = nearest.view(torch.int16).to(torch.int32) & 0xFFFF
+    mag = nb & 0x7FFF
+    fmag = mag.to(torch.int16).view(torch.float16).float()
+    lo = torch.where(fmag > a, mag - 1, mag)
+    hi = lo + 1
+    flo = lo.to(torch.int16).view(torch.float16).float()
+    fhi = hi.to(torch.int16).view(torch.float16).float()
+    p_up = torch.where(torch.isfinite(fhi), (a - flo) / (fhi - flo), torch.zeros_like(a))
+    u = (r >> 8).to(torch.float32) * 2.0**-24
+    bits = (nb & 0x8000) | torch.where(u < p_up, hi, lo)
+    out = torch.where(bits >= 1 << 15, bits - (1 << 16), bits).to(torch.int16).view(torch.float16)
+    return torch.where(torch.isfinite(x) & (fmag != a), out, nearest)
+
+
+def _scalar(t: torch.Tensor | None, device: torch.device, default: float = 1.0) -> torch.Tensor:
+    return t.reshape(()).to(F64) if t is not None else torch.tensor(default, dtype=F64, device=device)
+
+
+class _Step:
+    """What every tensor of one call shares: the effective lr, the multiplier, the skip flag."""
+
+    def __init__(self, params, steps, lr, lr_tensor, grad_mult, found_inf, maximize, mode, seed) -> None:
+        device = params[0].device
+        self.steps = steps
+        self.lr = _scalar(lr_tensor, device) * lr
+        self.mult = _scalar(grad_mult, device) * (-1.0 if maximize else 1.0)
+        self.skip = (_scalar(found_inf, device, 0.0) != 0) if found_inf is not None else None
+        self.mode, self.seed = mode, seed
+        starts, total = [], 0
+        for p in params:
+            starts.append(total)
+            total += -(-p.numel() // _CHUNK)
+        self.chunk_starts = starts
+
+    def done(self, i: int) -> torch.Tensor:
+        """Steps taken before this one by params[i], as float64."""
+        if not self.steps:
+            return torch.zeros((), dtype=F64, device=self.lr.device)
+        return self.steps[0 if len(self.steps) == 1 else i].reshape(()).to(F64)
+
+    def keep(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        return new if self.skip is None else torch.where(self.skip, old, new)
+
+    def load(self, i: int, param: torch.Tensor, masters: Sequence[torch.Tensor]) -> torch.Tensor:
+        if self.mode == MODES["master"]:
+            return masters[i].clone()
+        return param.to(state_dtype(param.dtype))
+
+    def store(self, i: int, param: torch.Tensor, masters: Sequence[torch.Tensor], value: torch.Tensor) -> None:
+        if self.mode == MODES["master"]:
+            masters[i].copy_(self.keep(masters[i], value))
+        if self.mode == MODES["stochastic"] and param.dtype in LOW:
+            r = random_bits(self.seed, self.done(i) + 1, self.chunk_starts[i] * _CHUNK, param.numel())
+            value = stochastic_round(value, param.dtype, r).view(param.shape)
+        param.copy_(self.keep(param, value.to(param.dtype)))
+
+    def finish(self) -> None:
+        for s in self.steps:
+            s.add_(1.0 if self.skip is None else (~self.skip).to(s.dtype))
+
+
+def _lerp(start: torch.Tensor, end: torch.Tensor, weight: float) -> torch.Tensor:
+    # torch's lerp formula, written out so no fused multiply-add can enter
+    if weight < 0.5:
+        return start + weight * (end - start)
+    return end - (end - start) * (1.0 - weight)
+
+
+def adamw_step_(
+    params: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor],
+    exp_avgs: Sequence[torch.Tensor],
+    exp_avg_sqs: Sequence[torch.Tensor],
+    max_exp_avg_sqs: Sequence[torch.Tensor],
+    master_params: Sequence[torch.Tensor],
+    steps: Sequence[torch.Tensor],
+    lr: float,
+    lr_tensor: torch.Tensor | None,
+    grad_mult: torch.Tensor | None,
+    found_inf: torch.Tensor | None,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    maximize: bool,
+    mode: int,
+    seed: int,
+) -> None:
+    if not params:
+        return
+    run = _Step(params, steps, lr, lr_tensor, grad_mult, found_inf, maximize, mode, seed)
+    for i, param in enumerate(params):
+        dtype = state_dtype(param.dtype)
+        step = run.done(i) + 1
+        step_size = (run.lr / (1.0 - beta1**step)).to(dtype)
+        bc2_sqrt = (1.0 - beta2**step).sqrt().to(dtype)
+        decay = (1.0 - run.lr * weight_decay).to(dtype)
+        g = grads[i].to(dtype) * run.mult.to(dtype)
+        p = run.load(i, param, master_params) * decay
+        m = _lerp(exp_avgs[i], g, 1.0 - beta1)
+        v = exp_avg_sqs[i] * beta2 + (g * g) * (1.0 - beta2)
+        second = v
+        if max_exp_avg_sqs:
+            second = torch.maximum(max_exp_avg_sqs[i], v)
+            max_exp_avg_sqs[i].copy_(run.keep(max_exp_avg_sqs[i], second))
+        denom = second.sqrt() / bc2_sqrt + eps
+        p = p - step_size * (m / denom)
+        exp_avgs[i].copy_(run.keep(exp_avgs[i], m))
+        exp_avg_sqs[i].copy_(run.keep(exp_avg_sqs[i], v))
+        run.store(i, param, master_params, p)
+    run.finish()
+
+
+def sgd_step_(
+    params: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor],
+    momentum_buffers: Sequence[torch.Tensor],
+    master_params: Sequence[torch.Tensor],
+    steps: Sequence[torch.Tensor],
+    lr: float,
+    lr_tensor: torch.Tensor | None,
+    grad_mult: torch.Tensor | None,
+    found_inf: torch.Tensor | None,
+    momentum: float,
+    dampening: float,
+    weight_decay: float,
+    nesterov: bool,
+    maximize: bool,
+    mode: int,
+    seed: int,
+) -> None:
+    if not params:
+        return
+    run = _Step(params, steps, lr, lr_tensor, grad_mult, found_inf, maximize, mode, seed)
+    for i, param in enumerate(params):
+        dtype = state_dtype(param.dtype)
+        p = run.load(i, param, master_params)
+        g = grads[i].to(dtype) * run.mult.to(dtype)
+        if weight_decay != 0.0:
+            g = g + weight_decay * p
+        if momentum != 0.0:
+            old = momentum_buffers[i]
+            buf = torch.where(run.done(i) == 0, g, old * momentum + g * (1.0 - dampening))
+            old.copy_(run.keep(old, buf))
+            g = g + momentum * buf if nesterov else buf
+        run.store(i, param, master_params, p + (-run.lr).to(dtype) * g)
+    run.finish()
