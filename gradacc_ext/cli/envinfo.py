@@ -10,7 +10,16 @@ import torch
 from .. import __version__, build_info
 from ..ops import _coverage, resolve_backend
 
-OPS = ("accumulate_", "accumulate_final_", "global_norm", "unscale_", "clip_by_norm_", "clip_by_value_")
+OPS = (
+    "accumulate_",
+    "accumulate_final_",
+    "global_norm",
+    "unscale_",
+    "clip_by_norm_",
+    "clip_by_value_",
+    "adamw_step_",
+    "sgd_step_",
+)
 
 
 def collect() -> dict[str, Any]:
