@@ -8,11 +8,15 @@ inf, clip the global L2 norm and take one AdamW step:
   the clip coefficient folded into grad_mult (one pass): no clip pass;
 * gradacc tail + torch fused AdamW: accumulate_final_, clip_by_norm_, torch AdamW(fused=True);
 * torch eager: _foreach_add_, GradScaler's unscale kernel, clip_grad_norm_(foreach), AdamW(foreach);
-* torch fused AdamW + foreach clip: the same tail, then AdamW(fused=True).
+* torch fused AdamW + foreach clip: the same tail, then AdamW(fused=True);
+* torch.compile (eager tail + step): the eager contender's whole body under torch.compile (inductor).
 
-Byte model (bytes per param that must move): grad read 2, buffer read+write 8, then the step reads
-param, buffer, exp_avg, exp_avg_sq (16) and writes param, exp_avg, exp_avg_sq (12): 38 B/param.
-Timings are medians of --repeats calls; figures depend on the machine (say which when you quote).
+Columns: median ms of --repeats interleaved calls; speed-up over torch eager; B/param that contender's
+passes move (step_probes.py; inductor's fusion is its own, so none for compile); GB/s and % of a plain
+copy's bandwidth, both on the 38 B/param floor every contender must move (grad read 2, buffer read+write 8,
+step reads param, buffer, exp_avg, exp_avg_sq 16, writes 12); peak MiB one warm step allocates on top of
+the state (allocator-level: torch.profiler memory events on CPU, max_memory_allocated on CUDA). Figures
+depend on the machine (say which when you quote). The first (compiling) call of torch.compile is timed apart.
 
     PYTHONPATH=. python benchmarks/fused_step.py --workload gpt2-small --scale 0.25 --threads 1
 """
@@ -23,14 +27,15 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+from step_probes import BYTES_PER_PARAM, FLOOR_BYTES_PER_PARAM, peak_step_bytes
 
 from gradacc_ext import ops
 from gradacc_ext.benchmarking.workloads import WORKLOADS, make_workload
 from gradacc_ext.ops.reference import clip_coefficient
 
-BYTES_PER_PARAM = 2 + 8 + 16 + 12
 LR, MAX_NORM, LOSS_SCALE = 1e-4, 1.0, 1024.0
 
 
@@ -71,14 +76,14 @@ def gradacc_tail_torch_fused(s: State) -> Callable[[], None]:
     return run
 
 
-def torch_tail(opt: torch.optim.Optimizer, s: State) -> Callable[[], None]:
+def torch_tail(opt: torch.optim.Optimizer, s: State, compiled: bool = False) -> Callable[[], None]:
     def run() -> None:
         torch._foreach_add_(s.bufs, s.grads)
         torch._amp_foreach_non_finite_check_and_unscale_(s.bufs, s.found_inf, s.inv_scale)
         torch.nn.utils.clip_grad_norm_(s.params, MAX_NORM, foreach=True)
         opt.step()
 
-    return run
+    return torch.compile(run) if compiled else run
 
 
 CONTENDERS = {
@@ -86,12 +91,16 @@ CONTENDERS = {
     "gradacc tail + torch fused AdamW": gradacc_tail_torch_fused,
     "torch eager (foreach)": lambda s: torch_tail(torch.optim.AdamW(s.params, lr=LR, foreach=True), s),
     "torch fused AdamW + foreach clip": lambda s: torch_tail(torch.optim.AdamW(s.params, lr=LR, fused=True), s),
+    "torch.compile (eager tail + step)": lambda s: torch_tail(
+        torch.optim.AdamW(s.params, lr=LR, foreach=True), s, compiled=True
+    ),
 }
+COMPILED = "torch.compile (eager tail + step)"
 
 
 def copy_ms(numel: int, repeats: int) -> float:
     """A plain copy moving the same bytes: the bandwidth yardstick."""
-    src = torch.empty(BYTES_PER_PARAM * numel // 8, dtype=torch.float32)
+    src = torch.empty(FLOOR_BYTES_PER_PARAM * numel // 8, dtype=torch.float32)
     dst = torch.empty_like(src)
     return 1e3 * statistics.median(_times(lambda: dst.copy_(src), repeats))
 
@@ -113,35 +122,53 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=0.25)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile contender")
+    parser.add_argument("--out", type=Path, help="also write the table (markdown) to this file")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     workload = make_workload(args.workload, args.scale)
     numel = workload.numel
-    print(f"{workload.name}: {workload.summary()}; {args.threads} thread(s); torch {torch.__version__}")
+    lines = [f"{workload.name}: {workload.summary()}; {args.threads} thread(s); torch {torch.__version__}", ""]
+    print(lines[0])
     copy = copy_ms(numel, args.repeats)
-    fns, first_steps = {}, {}
+    contenders = {k: v for k, v in CONTENDERS.items() if not (args.no_compile and k == COMPILED)}
+    fns, first_steps, first_calls = {}, {}, {}
     with torch.no_grad():
-        for name, build in CONTENDERS.items():
+        for name, build in contenders.items():
             state = State(workload.shapes, seed=0)
             fns[name] = build(state)
-            fns[name]()  # the first step from the common state doubles as the warm-up
+            # the first step from the common state, then a second one (a compiled fn may recompile
+            # once its optimizer state exists): the warm-up
+            first_calls[name] = [1e3 * t for t in _times(fns[name], 2, warm_up=False)]
             first_steps[name] = torch.cat([p.reshape(-1) for p in state.params])
         # interleaved rounds: on a shared machine, load changes hit every contender alike
         times: dict[str, list[float]] = {name: [] for name in fns}
         for _ in range(args.repeats):
             for name, fn in fns.items():
                 times[name] += _times(fn, 1, warm_up=False)
+        peaks = {name: peak_step_bytes(fn, torch.device("cpu")) for name, fn in fns.items()}
     rows = [(name, 1e3 * statistics.median(t)) for name, t in times.items()]
     eager = dict(rows)["torch eager (foreach)"]
     for name, params in first_steps.items():  # every contender computes the same step
         err = float((params - first_steps["torch eager (foreach)"]).abs().max())
         if err > 1e-5:
             raise SystemExit(f"{name}: its first step differs from torch eager's by {err:.3g}")
-    print(f"{'contender':36s} {'ms':>9s} {'vs eager':>9s} {'GB/s':>7s} {'% copy':>7s}")
+    lines += [
+        "| contender | ms | vs eager | B/param moved | GB/s (38 B/param) | % copy | peak MiB | peak B/param |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for name, ms in rows:
-        gbps = BYTES_PER_PARAM * numel / ms / 1e6
-        print(f"{name:36s} {ms:9.1f} {eager / ms:8.2f}x {gbps:7.2f} {100 * copy / ms:6.0f}%")
-    print(f"{'copy of the same bytes':36s} {copy:9.1f}")
+        moved = BYTES_PER_PARAM[name]
+        gbps = FLOOR_BYTES_PER_PARAM * numel / ms / 1e6
+        lines.append(
+            f"| {name} | {ms:.1f} | {eager / ms:.2f}x | {moved if moved is not None else '—'} | {gbps:.2f} | "
+            f"{100 * copy / ms:.0f}% | {peaks[name] / 2**20:.1f} | {peaks[name] / numel:.2f} |"
+        )
+    lines += [f"| copy of the same bytes | {copy:.1f} | | {FLOOR_BYTES_PER_PARAM} | | 100% | | |", ""]
+    lines += [f"First two calls (ms), {name}: {a:.0f}, {b:.0f}" for name, (a, b) in first_calls.items()]
+    print("\n".join(lines[1:]))
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
