@@ -34,7 +34,7 @@ DEFAULT_ARCH_LISTS = (
 BUILD_CONFIG = ROOT / "gradacc_ext" / "_build_config.py"
 
 # CPU kernel files compiled once per ISA variant; csrc/cpu/isa.h says how a file joins.
-CPU_ISA_SOURCES = ["csrc/cpu/kernels_cpu.cpp"]
+CPU_ISA_SOURCES = ["csrc/cpu/kernels_cpu.cpp", "csrc/cpu/optim_cpu.cpp"]
 # x86-64 variants beside the baseline, by namespace. ATen's AVX2 / AVX512 CPU capability, which picks the variant
 # at runtime (csrc/cpu/isa.cpp), implies every extension named here. No -mfma: -ffp-contract=off forbids
 # contraction anyway. AVX512_BF16's conversion flushes subnormals to zero, so it is not used (csrc/cpu/loops_cpu.h).
@@ -113,7 +113,7 @@ def _extensions():
 
     variants = _isa_variants()
     sources = ["csrc/ops.cpp", "csrc/binding.cpp", "csrc/cpu/isa.cpp", *CPU_ISA_SOURCES]
-    sources += ["csrc/binding_optim.cpp", "csrc/cpu/optim_cpu.cpp"]  # the fused optimizer steps (baseline only)
+    sources += ["csrc/binding_optim.cpp"]  # the fused optimizer steps (their CPU kernel is in CPU_ISA_SOURCES)
     define = [
         f'-DGRADACC_TORCH_VERSION="{torch_version}"',
         f'-DGRADACC_CUDA_VERSION="{cuda_version or ""}"',

@@ -1,8 +1,9 @@
 """The CPU kernels' ISA variants (csrc/cpu/isa.h).
 
 The op tests check the variant this CPU picks against the float64 oracle; here every variant the CPU can run
-must give exactly the bits of the baseline, on sizes that hit every vector tail, unaligned views, subnormals,
-overflow to Inf and NaN payloads. The binary must keep AVX code inside the variants and contain no FMA.
+must give exactly the bits of the baseline (the fused optimizer steps included), on sizes that hit every vector
+tail, unaligned views, subnormals, overflow to Inf and NaN payloads. The binary must keep AVX code inside the
+variants and contain no FMA.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from _optim_inputs import make_inputs
 from _oracle import DTYPES, name
 
 from gradacc_ext import ops
@@ -30,7 +32,7 @@ SPECIALS = {
     torch.bfloat16: (0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0xFFA5, 0x0001, 0x807F, 0x7F7F),
     torch.float32: (0x7F800000, -0x00800000, 0x7FC00000, 0x7F800001, -0x005A0000, 0x00000001, -0x7F800001, 0x7F7FFFFF),
 }
-BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}
+BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}
 FINITE_SPECIALS = 3  # the last three of SPECIALS are finite
 
 
@@ -138,6 +140,43 @@ def test_norm_and_scale_variants_match(isas: list[str], dtype: torch.dtype, spec
 
     for op in (norms, unscale, clip):
         check_variants(isas, [xs], op)
+
+
+# (param dtype, mode) of the optimizer steps: fp32 and fp64 round to nearest, 16-bit params in every mode.
+STEP_CASES = [(torch.float32, "nearest"), (torch.float64, "nearest")] + [
+    (dtype, mode) for dtype in (torch.bfloat16, torch.float16) for mode in ("nearest", "master", "stochastic")
+]
+
+
+@pytest.mark.parametrize("specials", [False, True], ids=["finite", "specials"])
+@pytest.mark.parametrize(("dtype", "mode"), STEP_CASES, ids=lambda c: name(c) if isinstance(c, torch.dtype) else c)
+@pytest.mark.usefixtures("one_cpu_thread")
+def test_optim_step_variants_match(isas: list[str], dtype: torch.dtype, mode: str, specials: bool, gen):
+    """adamw_step_ (with and without amsgrad) and sgd_step_ (plain, and momentum with nesterov and decay)."""
+    x = make_inputs([abs(s) for s in SIZES], dtype, "cpu", gen, amsgrad=True, masters=mode == "master")
+    # Grads of widely spread magnitude, specials included; 16-bit params get fp32 grads, one unaligned.
+    x.grads = tensors(torch.float32 if dtype == torch.float64 else dtype, gen, specials=specials)
+    x.grads = [g.to(torch.float64) if dtype == torch.float64 else g for g in x.grads]
+    if dtype in (torch.bfloat16, torch.float16):
+        x.grads[1::2] = [g.float() for g in x.grads[1::2]]
+    seed = int(torch.randint(1 << 62, (1,), generator=gen))
+
+    def adamw(params, grads, m, v, vmax, masters, steps) -> list[torch.Tensor]:
+        common = dict(weight_decay=0.1, master_params=masters, mode=mode, seed=seed)
+        ops.adamw_step_(params, grads, m, v, steps, lr=1e-2, **common)
+        ops.adamw_step_(params, grads, m, v, steps, lr=scalar(3e-3), max_exp_avg_sqs=vmax, maximize=True, **common)
+        return [*params, *m, *v, *vmax, *masters, *steps]
+
+    def sgd(params, grads, buf, _v, _vmax, masters, steps) -> list[torch.Tensor]:
+        common = dict(steps=steps, master_params=masters, mode=mode, seed=seed)
+        ops.sgd_step_(params, grads, lr=0.5, **common)
+        ops.sgd_step_(params, grads, lr=scalar(0.25), momentum=0.9, weight_decay=0.01, nesterov=True,
+                      momentum_buffers=buf, grad_mult=scalar(0.5), **common)  # fmt: skip
+        ops.sgd_step_(params, grads, lr=0.1, momentum=0.8, dampening=0.3, momentum_buffers=buf, **common)
+        return [*params, *buf, *masters, *steps]
+
+    for op in (adamw, sgd):
+        check_variants(isas, [*x.lists(), x.steps], op)
 
 
 def test_isa_choice_and_errors(isas: list[str]):

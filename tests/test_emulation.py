@@ -1,6 +1,6 @@
 """Host emulation of the CUDA device code, run in CI without a GPU: evidence, not GPU verification.
 
-tests/emulation/build.py compiles the real csrc/kernels/*.cuh and csrc/cuda/kernels.cu with g++
+tests/emulation/emu_build.py compiles the real csrc/kernels/*.cuh and csrc/cuda/kernels.cu with g++
 against a shim (tests/emulation/shim/cuda_runtime_api.h) that runs each block's 512 threads as
 fibers with real barriers and warp shuffles. The launchers, the chunking, the by-value metadata
 (both the 32 KB and the 4 KB parameter variants), the vector/scalar paths and the reductions run
@@ -36,9 +36,8 @@ from _oracle import (
 import gradacc_ext
 
 sys.path.insert(0, str(Path(__file__).parent / "emulation"))
+import emu_build  # noqa: E402
 from emu import Emulator  # noqa: E402
-
-import build as emu_build  # noqa: E402
 
 pytestmark = [
     pytest.mark.usefixtures("one_cpu_thread"),

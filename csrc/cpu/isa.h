@@ -15,10 +15,10 @@
 // torch.backends.cpu.get_cpu_capability() reports; ATEN_CPU_CAPABILITY=default
 // or avx2 lowers it).
 //
-// A new kernel file (for example csrc/cpu/optim_cpu.cpp) joins with three
-// one-line changes: list it in CPU_ISA_SOURCES in setup.py, open its
-// namespace as `namespace gradacc::cpu::GRADACC_CPU_ISA {`, and declare each
-// entry point in its header as GRADACC_CPU_KERNEL(adamw, AdamWParams).
+// A new kernel file joins with three one-line changes (csrc/cpu/optim_cpu.cpp
+// did): list it in CPU_ISA_SOURCES in setup.py, open its namespace as
+// `namespace gradacc::cpu::GRADACC_CPU_ISA {`, and declare each entry point in
+// its header as GRADACC_CPU_KERNEL(optim_step, OptimParams).
 //
 // The baseline objects come first on the link line (setup.py), so where an
 // inline function of a shared header is compiled in several variants the

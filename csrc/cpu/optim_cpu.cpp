@@ -1,6 +1,7 @@
 // CPU kernels of the fused optimizer steps: one parallel pass over params,
 // grads and state, chunked like every other op (csrc/kernels/chunking.h).
 // The element math is csrc/kernels/optim_math.cuh, shared with CUDA.
+// Compiled once per ISA into namespace GRADACC_CPU_ISA (isa.h, setup.py).
 #include "optim_cpu.h"
 
 #include <ATen/Parallel.h>
@@ -11,7 +12,7 @@
 #include "../kernels/chunking.h"
 #include "../kernels/optim_dispatch.cuh"
 
-namespace gradacc::cpu {
+namespace gradacc::cpu::GRADACC_CPU_ISA {
 namespace {
 
 // Where one chunk's param value comes from and how its new value is stored.
@@ -110,4 +111,4 @@ void optim_step(const OptimParams& p) {
   for (float* step : p.steps) *step += 1.0f;
 }
 
-}  // namespace gradacc::cpu
+}  // namespace gradacc::cpu::GRADACC_CPU_ISA

@@ -1,12 +1,14 @@
 // CPU kernel of the fused optimizer steps (AdamW and SGD), the same element
-// math as the CUDA kernel (csrc/kernels/optim_math.cuh).
+// math as the CUDA kernel (csrc/kernels/optim_math.cuh), compiled once per
+// ISA and dispatched at runtime (isa.h).
 #pragma once
 
 #include "../kernels/optim_params.h"
+#include "isa.h"
 
 namespace gradacc::cpu {
 
 // One step over every param; a no-op (steps included) when *p.found_inf != 0.
-void optim_step(const OptimParams& p);
+GRADACC_CPU_KERNEL(optim_step, OptimParams)
 
 }  // namespace gradacc::cpu
