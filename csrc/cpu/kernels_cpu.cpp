@@ -39,11 +39,28 @@ NormAccT<A> reduce_norm(const T* __restrict x, int64_t n, NormKind kind, double 
   return total;
 }
 
-// Runs `chunk_fn(chunk_index, chunk_ref)` over every chunk of `spans` in parallel.
+// Elements per thread at the least: torch's element-wise grain
+// (at::internal::GRAIN_SIZE in TensorIterator.h, not included for one constant).
+constexpr int64_t kParallelGrain = 32768;
+
+// Runs `chunk_fn(chunk_index, chunk_ref)` over every chunk of `spans`. The
+// threads split the list's elements, not its chunks or tensors: each takes
+// the chunks that start in its equal share of all elements (2,000 tiny
+// tensors or a few large ones balance alike), and a list of fewer than
+// kParallelGrain elements runs on the calling thread. Which thread runs a
+// chunk never changes its result.
 template <typename SpanVec, typename F>
 void for_each_chunk(const SpanVec& spans, const std::vector<ChunkRef>& chunks, F&& chunk_fn) {
-  at::parallel_for(0, int64_t(chunks.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) chunk_fn(c, chunks[c]);
+  std::vector<int64_t> starts(chunks.size());  // the list-wide index of each chunk's first element
+  int64_t total = 0;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    starts[c] = total;
+    total += std::min(kChunkElems, spans[chunks[c].tensor].numel - chunks[c].first_elem);
+  }
+  at::parallel_for(0, total, kParallelGrain, [&](int64_t begin, int64_t end) {
+    const auto first = std::lower_bound(starts.begin(), starts.end(), begin) - starts.begin();
+    const auto last = std::lower_bound(starts.begin(), starts.end(), end) - starts.begin();
+    for (int64_t c = first; c < last; ++c) chunk_fn(c, chunks[c]);
   });
 }
 
