@@ -56,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threshold", type=float, help="stop timing a cell once its blocks' IQR/median is below this")
     p.add_argument("--min-time", type=float, help="seconds timed at least per implementation")
     p.add_argument("--max-time", type=float, help="seconds timed at most per implementation")
+    p.add_argument(
+        "--rounds", type=int, help="turns per implementation, taken in alternation with the others (default 3)"
+    )
     p.add_argument("--copy-mib", type=int, help="MiB of each roofline stream (default: as large as the input sets)")
     p.add_argument(
         "--compile-max-tensors",
@@ -80,6 +83,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         min_time_s=base.min_time_s if args.min_time is None else args.min_time,
         max_time_s=max(args.max_time or base.max_time_s, args.min_time or 0.0),
         threads=args.threads,
+        rounds=args.rounds or base.rounds,
     )
     impls = [i.strip() for i in args.impls.split(",") if i.strip() and not (args.no_compile and i.strip() == "compile")]
     spec = args.workloads or DEFAULT_WORKLOADS["cuda" if device.type == "cuda" else "cpu"]

@@ -27,6 +27,33 @@ def test_measure_calibrates_blocks_and_summarizes():
     assert stats["spread"] == pytest.approx(m.iqr / m.median)
 
 
+def test_interleaved_turns_alternate_and_merge_every_block():
+    order: list[str] = []
+    calls = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    cfg = timing.TimingConfig(threshold=0.5, min_time_s=0.0, max_time_s=0.03, rounds=3)
+    turns = timing.measure_interleaved(calls, cfg)
+    assert {name: len(ms) for name, ms in turns.items()} == {"a": 3, "b": 3}
+    # Runs of one name in call order: a b, then b a, then a b (the order reverses every round).
+    runs = [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]
+    assert runs == ["a", "b", "a", "b"]  # a b | b a | a b: the middle b b and a a join
+    stats = timing.summarize(turns["a"])
+    per_call = sorted(t / m.number_per_run for m in turns["a"] for t in m.raw_times)
+    assert stats["blocks"] == len(per_call) and stats["best_s"] == per_call[0]
+    assert stats["calls_per_block"] == min(m.number_per_run for m in turns["a"])
+
+
+def test_summarize_of_several_turns_is_that_of_their_blocks_pooled():
+    np = pytest.importorskip("numpy")
+    x = torch.randn(4096)
+    turns = [timing.measure(lambda: x.mul_(1.0001), FAST) for _ in range(3)]
+    pooled = np.array([t / m.number_per_run for m in turns for t in m.raw_times])
+    q1, median, q3 = np.percentile(pooled, [25, 50, 75])
+    stats = timing.summarize(turns)
+    assert stats["median_s"] == pytest.approx(median, rel=1e-12)
+    assert stats["spread"] == pytest.approx((q3 - q1) / median, rel=1e-9, abs=1e-12)
+    assert stats["blocks"] == len(pooled) and stats["best_s"] == pooled.min()
+
+
 def test_measure_sets_the_thread_count_only_while_timing():
     before = torch.get_num_threads()
     inside: list[int] = []
@@ -35,7 +62,8 @@ def test_measure_sets_the_thread_count_only_while_timing():
 
 
 @pytest.mark.parametrize(
-    "bad", [{"threshold": 0.0}, {"min_time_s": 2.0, "max_time_s": 1.0}, {"min_time_s": -1.0}, {"threads": 0}]
+    "bad",
+    [{"threshold": 0.0}, {"min_time_s": 2.0, "max_time_s": 1.0}, {"min_time_s": -1.0}, {"threads": 0}, {"rounds": 0}],
 )
 def test_timing_config_rejects_bad_values(bad):
     with pytest.raises(ValueError, match="invalid timing config"):

@@ -47,7 +47,8 @@ def header(results: dict) -> list[str]:
         "in a quieter moment than every sample, so its figure says more about the machine's load than the op).",
         f"Timing: torch.utils.benchmark.Timer.adaptive_autorange (calibrated calls per block; stops when the "
         f"blocks' IQR/median < {timing['threshold']:g} after >= {timing['min_time_s']:g} s, or at "
-        f"{timing['max_time_s']:g} s); {meta['threads']} CPU thread{'s' if meta['threads'] > 1 else ''}; "
+        f"{timing['max_time_s']:g} s, split over {timing.get('rounds', 1)} turns per implementation, the "
+        f"implementations taking turns); {meta['threads']} CPU thread{'s' if meta['threads'] > 1 else ''}; "
         "median per call, ± = IQR/median; GB/s from the byte model (benchmarks/NOTES.md).",
     ]
 

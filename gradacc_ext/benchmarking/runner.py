@@ -23,7 +23,7 @@ from .timing import (
     TimingConfig,
     count_launches,
     host_sync_check,
-    measure,
+    measure_interleaved,
     peak_extra_bytes,
     rotating,
     rotation_bytes,
@@ -150,7 +150,7 @@ def _skip_reason(name: str, workload: Workload, config: BenchConfig) -> str | No
 
 
 def run_cell(workload: Workload, op: Operation, config: BenchConfig, log: Log) -> list[dict]:
-    """Verifies, then times each implementation of one cell; "% of roofline" is added by run()."""
+    """Verifies each implementation of one cell, then times them in turns; "% of roofline" is added by run()."""
     device = config.device
     bytes_moved = op.bytes_moved(workload.numel)
     n_sets = sets_needed(bytes_moved, device)
@@ -167,10 +167,10 @@ def run_cell(workload: Workload, op: Operation, config: BenchConfig, log: Log) -
     impls = {n: build_impl(n, op) for n in names}
     checks = verify_impls(impls, op, states[0], device)
 
-    rows = []
+    rows = {}
     for name in config.impls:
         row = {"workload": workload.name, "op": op.key, "impl": name, "bytes": bytes_moved, "n_sets": n_sets}
-        rows.append(row)
+        rows[name] = row
         row["status"] = _skip_reason(name, workload, config) or "ok"
         if name not in checks:
             continue
@@ -179,8 +179,11 @@ def run_cell(workload: Workload, op: Operation, config: BenchConfig, log: Log) -
         if checks[name]["error"] > RTOL:  # never time an implementation that computes something else
             row["status"] = f"MISMATCH: rel. error {checks[name]['error']:.3g} > {RTOL:g}; not timed"
             log(f"  {workload.name:11s} {op.key:10s} {name:9s} {row['status']}")
-            continue
-        row.update(summarize(measure(rotating(impls[name], states), config.timing)))
+    timed = [n for n in checks if checks[n]["error"] <= RTOL]
+    turns = measure_interleaved({n: rotating(impls[n], states) for n in timed}, config.timing)
+    for name in timed:
+        row = rows[name]
+        row.update(summarize(turns[name]))
         row["gbps"] = bytes_moved / row["median_s"] / 1e9
         if config.count_launches:
             row["launches"], row["launch_unit"] = count_launches(lambda f=impls[name]: f(states[0]), device)
@@ -196,7 +199,7 @@ def run_cell(workload: Workload, op: Operation, config: BenchConfig, log: Log) -
         gc.collect()  # compiled graphs hold reference cycles; otherwise reference counts free it all (gc: ~1 s)
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return rows
+    return list(rows.values())
 
 
 def run(config: BenchConfig, log: Log = print) -> dict:

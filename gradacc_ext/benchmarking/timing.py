@@ -3,7 +3,9 @@
 Timing: torch.utils.benchmark.Timer.adaptive_autorange. It calibrates the calls
 per block so the timer's own overhead is negligible (that is also the warm-up),
 sets the torch thread count, synchronises CUDA, and stops once the blocks agree
-(IQR / median below `threshold`) or the time budget is spent. Every call runs on
+(IQR / median below `threshold`) or the time budget is spent. A cell's
+implementations take turns (measure_interleaved), so a load change on a shared
+machine hits all of them alike. Every call runs on
 the next of several input sets, enough of them that together they move more bytes
 than the last-level cache holds, so no cell is timed from cache.
 """
@@ -14,9 +16,10 @@ import contextlib
 import itertools
 import math
 import os
+import statistics
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -32,12 +35,14 @@ class TimingConfig:
     min_time_s: float = 0.2  # ... and at least this long was timed
     max_time_s: float = 2.0  # stop here even if the spread stays above threshold (a busy machine)
     threads: int | None = None  # torch CPU threads while timing; None: torch's current setting
+    rounds: int = 3  # turns per implementation in measure_interleaved; the times above are for all turns
 
     def __post_init__(self) -> None:
         bad_threads = self.threads is not None and self.threads < 1
-        if not (0 < self.threshold and 0 <= self.min_time_s <= self.max_time_s) or bad_threads:
+        if not (0 < self.threshold and 0 <= self.min_time_s <= self.max_time_s) or bad_threads or self.rounds < 1:
             raise ValueError(
-                f"invalid timing config {self}: need threshold > 0, 0 <= min_time_s <= max_time_s, threads >= 1"
+                f"invalid timing config {self}: need threshold > 0, 0 <= min_time_s <= max_time_s, threads >= 1, "
+                "rounds >= 1"
             )
 
 
@@ -87,15 +92,35 @@ def measure(fn: Callable[[], object], cfg: TimingConfig) -> Measurement:
     return timer.adaptive_autorange(cfg.threshold, min_run_time=cfg.min_time_s, max_run_time=cfg.max_time_s)
 
 
-def summarize(m: Measurement) -> dict[str, float]:
-    """Seconds per call: median and best block, the spread (IQR / median) and how many calls were timed."""
-    per_call = [t / m.number_per_run for t in m.raw_times]
+def measure_interleaved(fns: Mapping[str, Callable[[], object]], cfg: TimingConfig) -> dict[str, list[Measurement]]:
+    """Times every fn in cfg.rounds turns, the order reversed every other round (a b c, c b a, a b c),
+    each turn a measure() with 1/rounds of the time budget.
+
+    Timed one after the other, the implementations of a cell met different loads on a shared machine
+    (one cell's ratio ranged 0.19x-0.29x over two runs and 0.12x-2.8x in standalone timings); taking
+    turns, a load change hits all of them alike.
+    """
+    turn = replace(cfg, min_time_s=cfg.min_time_s / cfg.rounds, max_time_s=cfg.max_time_s / cfg.rounds)
+    names = list(fns)
+    out: dict[str, list[Measurement]] = {name: [] for name in names}
+    for r in range(cfg.rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            out[name].append(measure(fns[name], turn))
+    return out
+
+
+def summarize(ms: Measurement | Sequence[Measurement]) -> dict[str, float]:
+    """Seconds per call over every block of every turn: median and best block, the spread (IQR / median,
+    quartiles interpolated as numpy does), how many blocks and the fewest calls per block."""
+    ms = [ms] if isinstance(ms, Measurement) else list(ms)
+    per_call = [t / m.number_per_run for m in ms for t in m.raw_times]
+    q1, median, q3 = statistics.quantiles(per_call, n=4, method="inclusive") if len(per_call) > 1 else per_call * 3
     return {
-        "median_s": m.median,
+        "median_s": median,
         "best_s": min(per_call),
-        "spread": m.iqr / m.median if m.median > 0 else math.inf,
+        "spread": (q3 - q1) / median if median > 0 else math.inf,
         "blocks": len(per_call),
-        "calls_per_block": m.number_per_run,
+        "calls_per_block": min(m.number_per_run for m in ms),
     }
 
 
