@@ -70,12 +70,13 @@ def test_unscale_matches_oracle(device, backend, gen, kind, layout, found_start)
     assert found.item() == found_start  # all finite: never set, never cleared
 
 
-@pytest.mark.parametrize("where", ["first", "middle", "last"])
+@pytest.mark.parametrize("where", ["first", "middle", "last", "body"])
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=name)
 def test_unscale_flags_nonfinite_inputs(device, backend, gen, dtype, value, where):
+    """first/middle/last sit in the CPU kernels' scalar tails; body (element 100) in their vector loop."""
     tensors = rand_list([7, 65537, 1000], dtype, device, gen)
-    tensor, elem = {"first": (0, 0), "middle": (1, 65536), "last": (2, 999)}[where]
+    tensor, elem = {"first": (0, 0), "middle": (1, 65536), "last": (2, 999), "body": (1, 100)}[where]
     tensors[tensor][elem] = value
     inv = torch.full((), 0.5, device=device)
     want = [x * 0.5 for x in f64(tensors)]
