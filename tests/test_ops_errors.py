@@ -13,6 +13,7 @@ from _oracle import assert_bits_unchanged, snapshot
 from conftest import require_ext
 
 import gradacc_ext
+from gradacc_ext.ops import _checks, _checks_optim
 
 
 @dataclass
@@ -248,3 +249,72 @@ def test_ext_backend_without_kernels_for_the_device_is_an_error():
     t = [torch.empty(3, device="meta")]
     with pytest.raises(RuntimeError, match=r"backend='ext' requested for meta"):
         gradacc_ext.global_norm(t, backend="ext")
+
+
+# (compiled op, its arguments, the Python validator of the same call) for lists `t` of CPU tensors.
+CHECKED_CALLS = {
+    "accumulate_": (
+        lambda t: (t["bufs"], t["grads"], 0.5, None, False),
+        lambda t: _checks.check_accumulate("gradacc.accumulate_", t["bufs"], t["grads"], 0.5, None),
+    ),
+    "sgd_step_": (
+        lambda t: (
+            t["params"],
+            t["grads"],
+            t["bufs"],
+            [],
+            t["steps"],
+            0.1,
+            None,
+            None,
+            None,
+            0.9,
+            0.0,
+            0.0,
+            False,
+            False,
+            0,
+            0,
+        ),  # fmt: skip
+        lambda t: _checks_optim.check_sgd_step(
+            "gradacc.sgd_step_",
+            t["params"],
+            t["grads"],
+            t["bufs"],
+            [],
+            t["steps"],
+            0.1,
+            None,
+            None,
+            None,
+            0.9,
+            0.0,
+            0.0,
+            False,
+            0,
+        ),  # fmt: skip
+    ),
+}
+
+
+@pytest.mark.parametrize(("op", "arg", "named"), [
+    ("accumulate_", "bufs", "bufs"), ("accumulate_", "grads", "grads"), ("sgd_step_", "params", "params"),
+    ("sgd_step_", "grads", "grads"), ("sgd_step_", "bufs", "momentum_buffers"),
+])  # fmt: skip
+def test_compiled_device_message_is_the_python_one(gen, op, arg, named):
+    """A meta tensor beside CPU ones dispatches to the Meta kernels, which run the Python checks, so the
+    tables compare the binding's "is on" message only on CUDA; here the compiled CPU kernel is called past
+    the Meta dispatch. One per-tensor check on each backend: lists and optimizer steps alike."""
+    require_ext("cpu")
+    t = {name: [torch.randn(4, generator=gen) for _ in range(3)] for name in ("bufs", "grads", "params")}
+    t["steps"] = [torch.ones(())]
+    t[arg][1] = torch.empty(4, device="meta")
+    compiled_args, python_check = CHECKED_CALLS[op]
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    messages = []
+    for call in (lambda: getattr(torch.ops.gradacc, op).default.redispatch(keys, *compiled_args(t)),
+                 lambda: python_check(t)):  # fmt: skip
+        with pytest.raises(ValueError, match=rf"{named}\[1\] is on meta but the tensors are on cpu") as info:
+            call()
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
