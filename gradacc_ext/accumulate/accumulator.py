@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..distributed.failures import told_to_peers
 from ..distributed.grad_sync import grad_sync_for
 from .buffers import GradBuffers
 from .checkpoint import Checkpoint
@@ -168,14 +169,17 @@ class GradientAccumulator(AccumulatorObserving):
         data's last batch); needed instead of flush() under HSDP and FSDP2's
         "window" mode, where only a synced backward releases FSDP's sums.
         If the body raises, the partial gradients of that micro-batch are dropped
-        and the window is left as it was before it.
+        and the window is left as it was before it; under data parallelism an
+        out-of-memory error is recorded for the other ranks, and a failure after
+        another rank's one raises PeerOutOfMemoryError naming it (failures.py).
         """
         if self._in_micro_step:
             raise RuntimeError("GradientAccumulator.micro_step() cannot be nested")
         self._in_micro_step, self._backward_done, self._closing = True, False, bool(last)
         try:
-            with self._sync.context(self.sync_gradients or self._closing), self._autocast():
-                yield self
+            with told_to_peers(self._sync.reduces), self._sync.context(self.sync_gradients or self._closing):
+                with self._autocast():
+                    yield self
         except BaseException:
             self._drop_grads()
             raise
@@ -208,7 +212,8 @@ class GradientAccumulator(AccumulatorObserving):
         check_loss(loss)
         self._checks(loss, self._in_micro_step)
         weight, count = self._window.weight(num_items)
-        return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=True)
+        with told_to_peers(self._sync.reduces and not self._in_micro_step):  # inside one, micro_step() tells
+            return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=True)
 
     def _backprop(
         self,
@@ -280,7 +285,8 @@ class GradientAccumulator(AccumulatorObserving):
         self._stepper.resolve()
         if self._window.micro == 0:
             return False
-        self._end.close(self._window)
+        with told_to_peers(self._sync.reduces):  # the window end's collectives
+            self._end.close(self._window)
         self._stepper.resolve()
         return True
 
