@@ -45,25 +45,40 @@ def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, agent_st
         dist.destroy_process_group()
 
 
+def _host_store(port: int, world: int) -> None:
+    """The c10d store in a process of its own, as torchrun's agent hosts it: it outlives every worker.
+
+    Not in the test process: a store server's thread there would be running when the workers fork.
+    """
+    server = dist.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False)  # noqa: F841
+    time.sleep(3600)  # serving, until launch() kills this process
+
+
 def launch(fn: Callable, world: int, *args, timeout: float = 120, agent_store: bool = False) -> None:
     """Runs fn(rank, world, *args) in `world` processes; a worker error or a hang fails the test.
 
-    agent_store: this process hosts the c10d store, as torchrun's agent does, so it outlives any worker.
+    agent_store: a separate process hosts the c10d store (as torchrun's agent does), so it outlives any worker.
     """
     port = free_port()
-    server = dist.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False) if agent_store else None
     # fork (not spawn) when CUDA is untouched: children skip re-importing torch, which dominates the time.
     method = "spawn" if torch.cuda.is_initialized() else "fork"
-    ctx = mp.start_processes(
-        _entry, args=(world, port, fn, args, agent_store), nprocs=world, join=False, start_method=method
-    )
-    deadline = time.monotonic() + timeout
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in ctx.processes:
-                process.kill()
-            pytest.fail(f"{world} workers did not finish within {timeout} s (a hang)")
-    del server  # the store lives until every worker has finished
+    host = mp.get_context(method).Process(target=_host_store, args=(port, world), daemon=True) if agent_store else None
+    if host is not None:
+        host.start()
+    try:
+        ctx = mp.start_processes(
+            _entry, args=(world, port, fn, args, agent_store), nprocs=world, join=False, start_method=method
+        )
+        deadline = time.monotonic() + timeout
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                for process in ctx.processes:
+                    process.kill()
+                pytest.fail(f"{world} workers did not finish within {timeout} s (a hang)")
+    finally:
+        if host is not None:
+            host.kill()
+            host.join()
 
 
 def make_model(dtype: torch.dtype = torch.float64, seed: int = 11) -> torch.nn.Module:

@@ -1,9 +1,10 @@
 """One rank runs out of memory where collectives run: every rank raises a clear error naming it, in bounded time.
 
 Real gloo processes. A torch.OutOfMemoryError is injected into one rank's
-loss_fn. AdaptiveGradientAccumulator re-raises it at once as a clear error,
-since under FSDP2/HSDP and DDP "overlap" it cannot split alone; a plain
-GradientAccumulator under DDP "buffer" lets the OOM itself out. The other
+loss_fn (or backward). AdaptiveGradientAccumulator re-raises it at once as a
+clear error, since under FSDP2/HSDP and DDP "overlap" it cannot split alone;
+a plain GradientAccumulator (DDP "buffer", FSDP2 without micro_step()) lets
+the OOM itself out. The other
 ranks' collectives then fail, at once when the OOM rank's process exits
 (the store hosted by the launcher, as torchrun's agent does) or at a short
 group timeout while it stays alive, and they raise PeerOutOfMemoryError
@@ -14,12 +15,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-from _dist import STEPS, global_batches, launch, loss_and_items, make_model, make_optimizer, needs_gloo, shard
+from _dist import MICRO, STEPS, global_batches, launch, loss_and_items, make_model, make_optimizer, needs_gloo, shard
 from test_fsdp import fsdp_model
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -56,18 +58,35 @@ def run_until_error(acc: GradientAccumulator, rank: int, world: int, loss_fn) ->
     acc.flush()
 
 
+class OOMInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        raise torch.OutOfMemoryError("injected in backward")
+
+
+def backward_outside_micro_step(acc: GradientAccumulator, rank: int, world: int, oom_rank: int) -> None:
+    """FSDP2 needs no micro_step(): rank `oom_rank` runs out of memory in its 2nd backward."""
+    for i, batch in enumerate(global_batches("mean", world, SEED)):
+        loss = loss_and_items(acc.module, shard(batch, rank))[0]
+        acc.backward(OOMInBackward.apply(loss) if (rank, i) == (oom_rank, 1) else loss)
+    acc.flush()
+
+
 def adaptive(model: torch.nn.Module, **config) -> AdaptiveGradientAccumulator:
     cfg = GradientAccumulationConfig(accumulation_steps=STEPS, max_grad_norm=0.5, **config)
     return AdaptiveGradientAccumulator(model, make_optimizer(model.parameters()), cfg, micro_batch_size=2)
 
 
-def expect_named(acc: GradientAccumulator, rank: int, world: int, oom_rank: int, raised: str, bound: float) -> None:
-    """Rank `oom_rank` runs out of memory in micro-batch 2 of 3 and raises `raised` (a regex of its
-    'Type: message'); every other rank must raise PeerOutOfMemoryError naming it. All within `bound` s."""
-    loss_fn = failing_loss(oom_rank, 1, rank, torch.OutOfMemoryError("injected"))
+def expect_named(run: Callable[[], None], rank: int, oom_rank: int, raised: str, bound: float) -> None:
+    """run() makes rank `oom_rank` run out of memory and raise `raised` (a regex of its 'Type: message');
+    every other rank must raise PeerOutOfMemoryError naming it. All within `bound` s."""
     start = time.monotonic()
     with pytest.raises(Exception) as info:  # the type depends on the rank: checked below
-        run_until_error(acc, rank, world, loss_fn)
+        run()
     assert time.monotonic() - start < bound
     error = info.value
     if rank == oom_rank:
@@ -79,23 +98,33 @@ def expect_named(acc: GradientAccumulator, rank: int, world: int, oom_rank: int,
     assert error.__cause__ is not None  # this rank's own collective failure, chained
 
 
+def oom_in_step_batch(acc: GradientAccumulator, rank: int, world: int, oom_rank: int) -> Callable[[], None]:
+    """Rank `oom_rank` runs out of memory in its 2nd micro-batch's loss_fn."""
+    loss_fn = failing_loss(oom_rank, 1, rank, torch.OutOfMemoryError("injected"))
+    return lambda: run_until_error(acc, rank, world, loss_fn)
+
+
 def exit_worker(rank: int, world: int, setup: str) -> None:
     """The OOM rank (1) exits at once; the others fail as soon as its connections close, long before a timeout."""
-    if setup == "ddp":  # a plain accumulator: the raw OOM leaves it; the peers fail in the window end's all-reduce
+    if setup == "ddp":  # plain accumulator, one window over all micro-batches: the others fail in flush()
         model = torch.nn.parallel.DistributedDataParallel(make_model())
-        cfg = GradientAccumulationConfig(accumulation_steps=STEPS)
+        cfg = GradientAccumulationConfig(accumulation_steps=MICRO + 1)
         acc = GradientAccumulator(model, make_optimizer(model.parameters()), cfg)
-        raised = "OutOfMemoryError: injected"
+        run, raised = oom_in_step_batch(acc, rank, world, 1), "OutOfMemoryError: injected"
+    elif setup == "fsdp-backward":  # plain accumulator, no micro_step(): the others fail in backward()
+        model = fsdp_model(init_device_mesh("cpu", (world,)))
+        acc = GradientAccumulator(model, make_optimizer(model.parameters()), GradientAccumulationConfig(STEPS))
+        run, raised = lambda: backward_outside_micro_step(acc, rank, world, 1), "OutOfMemoryError: injected in backward"
     else:
         shape, names = ((2, world // 2), ("replicate", "shard")) if setup == "hsdp" else ((world,), None)
-        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
-        acc, raised = adaptive(fsdp_model(mesh), sharding=setup), ADAPTIVE.format(setup)
-    expect_named(acc, rank, world, 1, raised, BOUND)
+        acc = adaptive(fsdp_model(init_device_mesh("cpu", shape, mesh_dim_names=names)), sharding=setup)
+        run, raised = oom_in_step_batch(acc, rank, world, 1), ADAPTIVE.format(setup)
+    expect_named(run, rank, 1, raised, BOUND)
     if rank == 1:
         os._exit(0)  # as a training script ends on an uncaught error
 
 
-@pytest.mark.parametrize(("setup", "world"), [("fsdp", 2), ("hsdp", 4), ("ddp", 2)])
+@pytest.mark.parametrize(("setup", "world"), [("fsdp", 2), ("hsdp", 4), ("ddp", 2), ("fsdp-backward", 2)])
 def test_oom_rank_exits_peers_name_it_at_once(setup, world):
     launch(exit_worker, world, setup, agent_store=True)
 
@@ -115,7 +144,7 @@ def alive_worker(rank: int, world: int) -> None:
     ddp = torch.nn.parallel.DistributedDataParallel(make_model(), process_group=group)
     # Rank 0 fails in micro-step 2 of 3 (under no_sync); rank 1 waits in the closing backward (DDP's reducer).
     acc = adaptive(ddp, ddp_reduce="overlap")
-    expect_named(acc, rank, world, 0, ADAPTIVE.format("ddp-overlap"), GROUP_TIMEOUT + BOUND)
+    expect_named(oom_in_step_batch(acc, rank, world, 0), rank, 0, ADAPTIVE.format("ddp-overlap"), GROUP_TIMEOUT + BOUND)
     dist.barrier()  # rank 0 (hosting the store) stays until rank 1 has read it
 
 

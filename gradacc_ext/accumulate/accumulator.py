@@ -169,17 +169,16 @@ class GradientAccumulator(AccumulatorObserving):
         data's last batch); needed instead of flush() under HSDP and FSDP2's
         "window" mode, where only a synced backward releases FSDP's sums.
         If the body raises, the partial gradients of that micro-batch are dropped
-        and the window is left as it was before it; under data parallelism an
-        out-of-memory error is recorded for the other ranks, and a failure after
-        another rank's one raises PeerOutOfMemoryError naming it (failures.py).
+        and the window is left as it was before it. Data-parallel: an OOM here fails
+        every rank with a clear error (distributed/failures.py).
         """
         if self._in_micro_step:
             raise RuntimeError("GradientAccumulator.micro_step() cannot be nested")
         self._in_micro_step, self._backward_done, self._closing = True, False, bool(last)
         try:
-            with told_to_peers(self._sync.reduces), self._sync.context(self.sync_gradients or self._closing):
-                with self._autocast():
-                    yield self
+            sync = self._sync.context(self.sync_gradients or self._closing)
+            with told_to_peers(self._sync.reduces), sync, self._autocast():  # reduces: a data-parallel strategy
+                yield self
         except BaseException:
             self._drop_grads()
             raise
