@@ -63,7 +63,8 @@ def _peer_error() -> PeerOutOfMemoryError | None:
         return None
     return PeerOutOfMemoryError(
         f"GradientAccumulator: rank {rank} ran out of memory, so this rank (rank {dist.get_rank()}) failed in a "
-        f"collective that rank {rank} never joined (the error below). Rank {rank} raised: {message}\n"
+        f"collective that rank {rank} never joined (that failure is chained as this error's cause). "
+        f"Rank {rank} raised: {message}\n"
         "Lower the memory per rank: a smaller micro-batch (AdaptiveGradientAccumulator: micro_batch_size), "
         "fsdp_reduce='micro_step' (FSDP2 keeps 1/world of the gradient between micro-steps, not a full one), or "
         "DDP with ddp_reduce='buffer', where an AdaptiveGradientAccumulator rank splits its micro-batch alone"
