@@ -10,10 +10,11 @@
 The accumulator runs micro-steps; collaborators do the rest: GradBuffers (the window's gradient SUM),
 GradHooks (folds gradients into it in buckets while backward runs), Window (normaliser, weights),
 WindowEnd (normalise, unscale, check, clip) with OptimizerStepper (step, deferred scheduler step),
-Checkpoint and StatsReport. It owns hooks on its parameters: use it as a context manager or call
-close() (garbage collection removes them too). Two-phase construction: __init__ keeps the config,
-_attach() does everything that needs the model and optimizer: GradientAccumulator(config), the
-guides' form, is attached later by attach(model, optimizer).
+Checkpoint and StatsReport; the read side and state_dict() are mixins (observing.py, checkpoint.py).
+It owns hooks on its parameters: use it as a context manager or call close() (garbage collection
+removes them too). Two-phase construction: __init__ keeps the config, _attach() does everything that
+needs the model and optimizer: GradientAccumulator(config), the guides' form, is attached later by
+attach(model, optimizer).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from typing import Any
 
 import torch
 
+from ..distributed.failures import told_to_peers
 from ..distributed.grad_sync import grad_sync_for
 from .buffers import GradBuffers
-from .checkpoint import Checkpoint
+from .checkpoint import AccumulatorCheckpointing, Checkpoint
 from .config import GradientAccumulationConfig
 from .hooks import GradHooks
 from .loss_checks import MigrationChecks
@@ -43,7 +45,7 @@ from .window_end import WindowEnd
 LossFn = Callable[[Any, Any], "torch.Tensor | tuple[torch.Tensor, int | torch.Tensor]"]
 
 
-class GradientAccumulator(AccumulatorObserving):
+class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
     """Runs micro-batches and steps the optimizer (and scheduler) once per window.
 
     GradientAccumulator(model, optimizer, config, scheduler=None, scaler=None),
@@ -168,13 +170,15 @@ class GradientAccumulator(AccumulatorObserving):
         data's last batch); needed instead of flush() under HSDP and FSDP2's
         "window" mode, where only a synced backward releases FSDP's sums.
         If the body raises, the partial gradients of that micro-batch are dropped
-        and the window is left as it was before it.
+        and the window is left as it was before it. Data-parallel: an OOM here fails
+        every rank with a clear error (distributed/failures.py).
         """
         if self._in_micro_step:
             raise RuntimeError("GradientAccumulator.micro_step() cannot be nested")
         self._in_micro_step, self._backward_done, self._closing = True, False, bool(last)
         try:
-            with self._sync.context(self.sync_gradients or self._closing), self._autocast():
+            sync = self._sync.context(self.sync_gradients or self._closing)
+            with told_to_peers(self._sync.reduces), sync, self._autocast():  # reduces: a data-parallel strategy
                 yield self
         except BaseException:
             self._drop_grads()
@@ -208,7 +212,8 @@ class GradientAccumulator(AccumulatorObserving):
         check_loss(loss)
         self._checks(loss, self._in_micro_step)
         weight, count = self._window.weight(num_items)
-        return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=True)
+        with told_to_peers(self._sync.reduces and not self._in_micro_step):  # inside one, micro_step() tells
+            return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=True)
 
     def _backprop(
         self,
@@ -280,7 +285,8 @@ class GradientAccumulator(AccumulatorObserving):
         self._stepper.resolve()
         if self._window.micro == 0:
             return False
-        self._end.close(self._window)
+        with told_to_peers(self._sync.reduces):  # the window end's collectives
+            self._end.close(self._window)
         self._stepper.resolve()
         return True
 
@@ -298,15 +304,3 @@ class GradientAccumulator(AccumulatorObserving):
     def _drop_grads(self) -> None:
         for p in self.params:
             p.grad = None
-
-    # -- checkpointing ----------------------------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """Mid-window buffers, counters and loss scale; save it with the model, optimizer and scheduler."""
-        if self._in_micro_step:
-            raise RuntimeError("GradientAccumulator.state_dict: called inside micro_step()")
-        # FSDP2 and DDP: sharded and per-rank values as DTensors, for torch.distributed.checkpoint.
-        return self._sync.wrap_state(self._checkpoint.state_dict(), self._buffers)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._checkpoint.load_state_dict(self._sync.unwrap_state(state, self._buffers))
