@@ -16,6 +16,7 @@ torch.cuda.is_available(): wheels must build on machines without a GPU.
 import os
 import platform
 import pprint
+import sys
 import warnings
 from pathlib import Path
 
@@ -123,6 +124,13 @@ def _extensions():
     # host either, so CPU results match the CUDA kernels bit for bit.
     # -fno-math-errno: sqrt (the AdamW step's) may then vectorise; IEEE sqrt is exact either way.
     cxx = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-math-errno", *define]
+    # at::parallel_for is a header template: compiled without -fopenmp it runs every loop on the calling
+    # thread, whatever torch.set_num_threads says. With it, the CPU kernels join torch's OpenMP pool (the
+    # loader resolves libgomp.so.1 to the copy torch has already loaded, so there is one pool, one thread count).
+    link = []
+    if torch.backends.openmp.is_available() and sys.platform.startswith("linux"):
+        cxx.append("-fopenmp")
+        link.append("-fopenmp")
     if variants:
         cxx.append("-DGRADACC_CPU_X86_VARIANTS")
     if use_cuda:
@@ -135,10 +143,13 @@ def _extensions():
         ]
         nvcc = ["-O3", "-std=c++17", "-DGRADACC_WITH_CUDA", *define]
         ext = CUDAExtension(
-            "gradacc_ext._C", sources, extra_compile_args={"cxx": cxx + ["-DGRADACC_WITH_CUDA"], "nvcc": nvcc}
+            "gradacc_ext._C",
+            sources,
+            extra_compile_args={"cxx": cxx + ["-DGRADACC_WITH_CUDA"], "nvcc": nvcc},
+            extra_link_args=link,
         )
     else:
-        ext = CppExtension("gradacc_ext._C", sources, extra_compile_args={"cxx": cxx})
+        ext = CppExtension("gradacc_ext._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=link)
 
     _write_build_config(
         {
