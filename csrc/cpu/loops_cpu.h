@@ -203,7 +203,6 @@ NormAcc reduce_norm(const T* __restrict x, int64_t n) {
 // torch's kernel on this memory-bound pass.
 inline bool unscale_chunk(float* x, int64_t n, float factor) {
   IntVec lanes = {};  // a signed max is exact: the sign bit is cleared
-  int32_t tail = 0;
   int64_t i = 0;
   for (; i + kVecLanes <= n; i += kVecLanes) {
     FloatVec f;
@@ -215,12 +214,20 @@ inline bool unscale_chunk(float* x, int64_t n, float factor) {
     f = f * factor;  // mul_rn: a lone multiply, which nothing contracts
     std::memcpy(x + i, &f, sizeof f);
   }
-  for (; i < n; ++i) {
-    tail = std::max(tail, int32_t(float_bits(x[i]) & 0x7FFFFFFFu));
-    x[i] = mul_rn(x[i], factor);
+  if (i < n) {  // the tail as one zero-padded vector (zero bits leave the max alone): no scalar loop
+    const size_t bytes = size_t(n - i) * sizeof(float);
+    FloatVec f = {};
+    std::memcpy(&f, x + i, bytes);
+    IntVec b;
+    std::memcpy(&b, &f, sizeof b);
+    b &= 0x7FFFFFFF;
+    lanes = b > lanes ? b : lanes;
+    f = f * factor;
+    std::memcpy(x + i, &f, bytes);
   }
-  for (int l = 0; l < kVecLanes; ++l) tail = std::max(tail, lanes[l]);
-  return is_finite(bits_float(uint32_t(tail)));
+  int32_t top = 0;
+  for (int l = 0; l < kVecLanes; ++l) top = std::max(top, lanes[l]);
+  return is_finite(bits_float(uint32_t(top)));
 }
 
 template <typename T>
