@@ -107,7 +107,7 @@ def assert_bitwise_equal(got: torch.Tensor, want: torch.Tensor, what: str = "") 
     got, want = got.detach().cpu().reshape(-1), want.detach().cpu().reshape(-1)
     nan_g, nan_w = torch.isnan(got), torch.isnan(want)
     assert torch.equal(nan_g, nan_w), f"{what}: NaN positions differ at {torch.nonzero(nan_g != nan_w)[:5].tolist()}"
-    as_int = {4: torch.int32, 2: torch.int16}[got.element_size()]
+    as_int = {8: torch.int64, 4: torch.int32, 2: torch.int16}[got.element_size()]
     differ = (got.view(as_int) != want.view(as_int)) & ~nan_w
     if differ.any():
         i = int(torch.nonzero(differ)[0])
