@@ -56,6 +56,15 @@ def test_shim_detects_a_divergent_barrier(emu: Emulator):
     assert rc != 0 and b"never released" in err.value
 
 
+def test_shim_detects_a_misaligned_vector_access(emu: Emulator):
+    data, out = torch.ones(12), torch.zeros(1)  # torch's CPU allocations are 64-byte aligned
+    for offset, ok in [(0, True), (4, True), (1, False), (2, False)]:
+        err = ctypes.create_string_buffer(512)
+        rc = emu.lib.emu_selftest_vector_load(ctypes.c_void_p(data.data_ptr()), offset, ctypes.c_void_p(out.data_ptr()),
+                                               err, len(err))  # fmt: skip
+        assert (rc == 0) == ok and (ok or b"misaligned 16-byte access" in err.value), (offset, err.value)
+
+
 def test_shim_warp_shuffles_and_block_vote(emu: Emulator, gen: torch.Generator):
     blocks, threads = 3, 512
     x = torch.randn(blocks * threads, generator=gen).abs() + 0.5
@@ -126,6 +135,23 @@ def test_accumulate(emu, gen, grad_dtype, buf_dtype, mode, layout):
         cpu_found, _ = run_accumulate("ext", cpu_bufs, grads, mode, alpha, alpha_t, inv_scale)
         assert_matches_cpu_kernels(bufs, cpu_bufs, "bufs vs CPU kernels")
         assert found.item() == cpu_found.item()
+
+
+@pytest.mark.parametrize("which", ["bufs", "grads"])
+def test_accumulate_with_one_list_misaligned(emu, gen, which):
+    """Either list alone off 16-byte alignment sends the chunk down the scalar path (the shim reports
+    a misaligned 16-byte access as a launch error)."""
+    lists = dict(zip(("bufs", "grads"), make_lists(F16, F32, [8195, 65537], gen), strict=True))
+    lists[which] = rand_list([t.numel() for t in lists[which]], lists[which][0].dtype, "cpu", gen, unaligned=True)
+    bufs, grads = lists["bufs"], lists["grads"]
+    want = [b + 0.5 * g for b, g in zip(f64(bufs), f64(grads), strict=True)]
+    mag = [b.abs() + (0.5 * g).abs() for b, g in zip(f64(bufs), f64(grads), strict=True)]
+    cpu_bufs = [b.clone() for b in bufs]
+    emu.accumulate_(bufs, grads, 0.5)
+    assert_close_list(bufs, want, mag, 2, "bufs")
+    if HAS_CPU_KERNELS:
+        gradacc_ext.accumulate_(cpu_bufs, grads, 0.5, backend="ext")
+        assert_matches_cpu_kernels(bufs, cpu_bufs, "bufs vs CPU kernels")
 
 
 def test_accumulate_final_flags_an_overflow(emu, gen):

@@ -107,8 +107,8 @@ class Emulator:
             _any_ptr(total_norm), norm_dtype, max_norm, eps, clip_value,
         )  # fmt: skip
 
-    def adamw_step_(self, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps, lr,
-                    lr_tensor, grad_mult, found_inf, beta1, beta2, eps, weight_decay, maximize, mode, seed) -> None:  # fmt: skip
+    def adamw_step_(self, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps, lr, lr_tensor,
+                    grad_mult, found_inf, beta1, beta2, eps, weight_decay, maximize, mode, seed) -> None:  # fmt: skip
         lists = (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params)
         scalars = (lr, weight_decay, beta1, beta2, eps, 0.0, 0.0)
         self._step(0, lists, steps, scalars, maximize, False, lr_tensor, grad_mult, found_inf, mode, seed)

@@ -89,9 +89,20 @@ __global__ void warp_sum_kernel(const float* in, float* warp_sums, int* any_nega
   if (threadIdx.x == 0) any_negative[blockIdx.x] = neg;
 }
 
+// A 16-byte load from `in + offset` (floats): misaligned unless offset % 4 == 0.
+__global__ void vector_load_kernel(const float* in, int offset, float* out) {
+  const uint4 u = *reinterpret_cast<const uint4*>(in + offset);
+  if (threadIdx.x == 0) out[0] = float(u.x != 0);
+}
+
 }  // namespace
 
 extern "C" {
+
+int emu_selftest_vector_load(const float* in, int offset, float* out, char* err, size_t err_len) {
+  emu::launch(vector_load_kernel, 1, 32, 0, nullptr)(in, offset, out);
+  return finish(cudaSuccess, err, err_len);
+}
 
 int emu_selftest_divergent_barrier(int* out, unsigned threads, char* err, size_t err_len) {
   emu::launch(divergent_barrier_kernel, 1, threads, 0, nullptr)(out);
