@@ -65,3 +65,9 @@ def emulators(tmp_path_factory: pytest.TempPathFactory) -> dict:
     from _emulation import build_emulators
 
     return build_emulators(tmp_path_factory.mktemp("emulation"))
+
+
+@pytest.fixture
+def emu(emulators: dict) -> object:
+    """The 32 KB-metadata emulation library (an Emulator)."""
+    return emulators["param32k"]
