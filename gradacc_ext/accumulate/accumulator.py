@@ -240,7 +240,10 @@ class GradientAccumulator(AccumulatorObserving):
             self._abort_backward(undoable=folds)
             raise
         self._window.commit(weighted, count)
-        self._last_backpropagated = scaled.detach()
+        # A 0-d loss may view a micro-batch-sized storage (mse_loss reduces inside its elementwise losses): keep
+        # the value for the report, not that storage, until the next backward.
+        last = scaled.detach()
+        self._last_backpropagated = last.clone() if last.untyped_storage().nbytes() > last.element_size() else last
         self._backward_done = True
         if completes_micro_batch:
             self._window.micro += 1

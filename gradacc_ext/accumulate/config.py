@@ -104,10 +104,13 @@ class GradientAccumulationConfig:
       track_memory: record CUDA peak memory per step (host counters, no sync).
     Memory (see README's memory model)
       bucket_size_bytes: gradients are folded into the buffers during backward
-        whenever this many bytes of them are queued (default 25 MiB, DDP's
-        bucket_cap_mb: a few launches per backward for GPT-2-sized models
-        while holding at most one bucket, about 5% of GPT-2 small's fp32
-        gradients, beyond the buffers);
+        whenever this many bytes of them are queued. Default 1: every gradient
+        is folded the moment autograd produces it, so nothing is held beside
+        the buffers but that gradient, as in the plain loop (which holds it
+        while autograd adds it into .grad): a window never holds more
+        gradient memory than the loop it replaces. Larger values (e.g. 25 MiB,
+        DDP's bucket_cap_mb) batch the folds into fewer launches and hold up
+        to one bucket more;
       release_buffers: free the buffers after every optimizer step, for
         activations (re-created, without a zeroing pass, by the next window);
       grad_views: between micro-steps of a window, make param.grad a view of
@@ -145,7 +148,7 @@ class GradientAccumulationConfig:
     fused_step: bool | str = "auto"
     grad_norm_history: int = 1000
     track_memory: bool = True
-    bucket_size_bytes: int = 25 * 1024 * 1024
+    bucket_size_bytes: int = 1  # fold each gradient as it arrives: no queue beside the buffers
     release_buffers: bool = False
     grad_views: bool = False
     backend: str = "auto"
