@@ -58,8 +58,8 @@ def _norm_of(values: Sequence[torch.Tensor], norm_type: float, dtype: torch.dtyp
         return torch.stack([v.to(dtype).abs().amax() for v in values]).amax()
     if norm_type == -math.inf:
         return torch.stack([v.to(dtype).abs().amin() for v in values]).amin()
-    if norm_type == 0:  # NaN != 0 counts, as in torch.linalg.vector_norm
-        return torch.stack([(v != 0).sum() for v in values]).sum().to(dtype)
+    if norm_type == 0:  # NaN counts as nonzero, as in torch.linalg.vector_norm (and no int64 copy of a mask)
+        return torch.stack([torch.count_nonzero(v) for v in values]).sum().to(dtype)
     if norm_type == 1:
         return torch.stack([v.to(dtype).abs().sum() for v in values]).sum()
     if norm_type == 2:
