@@ -241,9 +241,7 @@ class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
             self._abort_backward(undoable=folds)
             raise
         self._window.commit(weighted, count)
-        # A 0-d loss may view a micro-batch-sized storage (mse_loss reduces inside its elementwise losses): keep
-        # the value for the report, not that storage, until the next backward.
-        last = scaled.detach()
+        last = scaled.detach()  # mse_loss's 0-d loss views its micro-batch's losses: hold only the value
         self._last_backpropagated = last.clone() if last.untyped_storage().nbytes() > last.element_size() else last
         self._backward_done = True
         if completes_micro_batch:
