@@ -120,6 +120,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile contender")
+    parser.add_argument(
+        "--copy-mib",
+        type=int,
+        help="size the roofline as compare.py's --copy-mib does (two fp32 streams of a quarter of it each); "
+        "default: the harness's rotation_bytes, as gradacc bench",
+    )
     parser.add_argument("--out", type=Path, help="also write the table (markdown) to this file")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -128,7 +134,7 @@ def main() -> None:
     lines = [f"{workload.name}: {workload.summary()}; {args.threads} thread(s); torch {torch.__version__}", ""]
     print(lines[0])
     cpu = torch.device("cpu")
-    roofline = Roofline(cpu, rotation_bytes(cpu), args.threads)  # the streams `gradacc bench` samples
+    roofline = Roofline(cpu, args.copy_mib << 20 if args.copy_mib else rotation_bytes(cpu), args.threads)
     roofline.sample()
     contenders = {k: v for k, v in CONTENDERS.items() if not (args.no_compile and k == COMPILED)}
     fns, first_steps, first_calls = {}, {}, {}
