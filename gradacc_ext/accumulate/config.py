@@ -91,7 +91,8 @@ class GradientAccumulationConfig:
         plain sum of the micro-batch gradients, nothing more is divided.
     Steps
       skip_nonfinite: skip the optimizer (and scheduler) step when the
-        accumulated gradient holds inf/NaN. Always on for fp16. Costs one host
+        accumulated gradient holds inf/NaN or its norm is not finite (an fp32 L2
+        norm overflows from 2**64; README). Always on for fp16. Costs one host
         sync per window unless the optimizer is fused (then none).
       fused_step: "auto" (default) ends each window with one fused optimizer pass
         (gradacc's adamw_step_/sgd_step_) when the optimizer allows it
