@@ -1,9 +1,10 @@
 """FSDP2 (fully_shard) and HSDP on CPU/gloo, real processes: gathered parameters equal a one-process full-batch loop.
 
 Each launch runs several cases in one process group (the machine is small):
-L2 clipping, uneven per-rank token counts (sum mode), a short last window
-(flush() or micro_step(last=True)), and an overflow injected on one rank,
-which must make every rank skip that window.
+L2 clipping, uneven per-rank token counts (sum mode), "mean" mode weighted
+by uneven per-rank, per-micro-batch num_items (kind "items"), a short last
+window (flush(), micro_step(last=True) or acc.iterate(loader)), and an
+overflow injected on one rank, which must make every rank skip that window.
 """
 
 from __future__ import annotations
@@ -50,21 +51,29 @@ def build(mesh, kind: str, reduce: str, norm_type: float = 2.0, **model_kw):
     opt = make_optimizer(model.parameters(), sgd="mp_policy" in model_kw)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
     config = GradientAccumulationConfig(
-        accumulation_steps=STEPS, max_grad_norm=0.5, norm_type=norm_type, loss_normalization=kind, fsdp_reduce=reduce
+        accumulation_steps=STEPS,
+        max_grad_norm=0.5,
+        norm_type=norm_type,
+        fsdp_reduce=reduce,
+        loss_normalization="sum" if kind == "sum" else "mean",
     )
     return model, opt, sched, GradientAccumulator(model, opt, config, sched)
 
 
 def run(acc, model, batches, rank, *, close: str, inject=None, start: int = 0, stop: int = MICRO) -> None:
-    """Micro-batches start..stop; inject=(i, r): rank r's loss of micro-batch i becomes non-finite."""
-    for i in range(start, stop):
+    """Micro-batches start..stop; inject=(i, r): rank r's loss of micro-batch i becomes non-finite.
+
+    close: how the short last window closes: "flush", "last" (micro_step(last=True)), "iterate"
+    (acc.iterate over the micro-batches, then a flush() that must find nothing left), "none".
+    """
+    for i in acc.iterate(range(start, stop)) if close == "iterate" else range(start, stop):
         with acc.micro_step(last=close == "last" and i == MICRO - 1):
             loss, items = loss_and_items(model, shard(batches[i], rank))
             if inject == (i, rank):
                 loss = loss * float("inf")
             acc.backward(loss, num_items=items)
-    if close == "flush" and stop == MICRO:
-        acc.flush()
+    if close in ("flush", "iterate") and stop == MICRO:
+        assert acc.flush() == (close == "flush")
 
 
 def check_cases(rank: int, world: int, mesh, cases) -> None:
@@ -81,9 +90,9 @@ def check_cases(rank: int, world: int, mesh, cases) -> None:
 def fsdp_worker(rank: int, world: int, ckpt: str) -> None:
     mesh = init_device_mesh("cpu", (world,))
     cases = [("sum", "micro_step", "flush", None), ("sum", "window", "last", (4, 1))]
-    check_cases(
-        rank, world, mesh, [*cases, ("mean", "micro_step", "last", (1, 0)), ("sum", "micro_step", "last", None, inf)]
-    )
+    cases += [("mean", "micro_step", "last", (1, 0)), ("sum", "micro_step", "last", None, inf)]
+    cases += [("items", "micro_step", "flush", (4, 0)), ("items", "window", "iterate", None)]  # mean + num_items
+    check_cases(rank, world, mesh, cases)
     # bf16 compute, fp32 reduce and fp32 sharded parameters: within bf16 rounding of the float32 reference.
     model, opt, _, acc = build(
         mesh, "sum", "micro_step", dtype=torch.float32, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32)
@@ -141,11 +150,13 @@ def test_fsdp2_two_ranks_modes_mixed_precision_and_resume(tmp_path):
 
 def hsdp_worker(rank: int, world: int) -> None:
     mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
-    check_cases(rank, world, mesh, [("sum", "micro_step", "last", (4, 3)), ("mean", "window", "last", None)])
+    cases = [("sum", "micro_step", "last", (4, 3)), ("mean", "window", "last", None)]
+    cases += [("items", "micro_step", "iterate", None), ("items", "window", "last", None)]  # mean + num_items
+    check_cases(rank, world, mesh, cases)
     model, _, _, acc = build(mesh, "mean", "micro_step")
     batches = global_batches("mean", world, SEED)
     run(acc, model, batches, rank, close="none", stop=2)
-    with pytest.raises(RuntimeError, match=r"micro_step\(last=True\)"):
+    with pytest.raises(RuntimeError, match=r"for batch in acc\.iterate\(loader\):.*micro_step\(last=True\)"):
         acc.flush()
     dist.barrier()  # every rank raised before any collective: the group is still in step
 
