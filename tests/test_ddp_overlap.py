@@ -49,7 +49,7 @@ def build(kind: str, dtype=torch.float64, comm_dtype=None, reduce: str = "overla
 def worker(rank: int, world: int, ckpt: str) -> None:
     cases = (("sum", "flush", None), ("sum", "last", (4, 0)), ("mean", "last", None))
     for kind, close, inject in (*cases, ("items", "iterate", (1, 1)), ("items", "flush", None)):
-        model, _, sched, acc = build(kind, grad_views=kind == "mean")  # views between micro-steps too
+        model, _, sched, acc = build(kind, grad_views=kind != "sum")  # views between micro-steps too
         assert isinstance(acc._sync, DDPOverlapSync)
         run(acc, model, global_batches(kind, world, SEED), rank, close=close, inject=inject)
         assert_params_equal(model.module, reference(kind, world, SEED, None if inject is None else inject[0] // STEPS))
