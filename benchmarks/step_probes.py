@@ -25,24 +25,7 @@ FLOOR_BYTES_PER_PARAM = ADD_UNSCALE_NORM + STEP
 
 
 def peak_step_bytes(fn: Callable[[], None], device: torch.device) -> int:
-    """Most bytes one warm step allocates above what it started with (its transients), from the allocator.
-
-    On CPU from the profiler's allocation timeline (every allocation and free with its own timestamp):
-    memory_probes.LiveBytes sums per-op self memory by op start time, which puts a parent op's negative
-    self memory (a temporary its child allocated) before the child's allocation and so under-reads peaks
-    here (AdamW(foreach)'s 4 B/param sqrt temporaries read as 0.08). On CUDA the allocator's peak.
-    """
-    if device.type == "cuda":
-        with LiveBytes(device) as live:
-            fn()
-        return live.peak
-    from torch.profiler import ProfilerActivity, profile
-    from torch.profiler._memory_profiler import Action
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+    """Most bytes one warm step allocates above what it started with (its transients)."""
+    with LiveBytes(device) as live:
         fn()
-    live = peak = 0
-    for _, action, _, size in sorted(prof._memory_profile().timeline, key=lambda row: row[0]):
-        live += size if action == Action.CREATE else -size if action == Action.DESTROY else 0
-        peak = max(peak, live)
-    return peak
+    return live.peak

@@ -117,9 +117,18 @@ def make_optimizer(params, sgd: bool = False) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=LR, weight_decay=0.1)
 
 
-def reference(kind: str, world: int, seed: int, skip: int | None = None, dtype=torch.float64, sgd=False, norm_type=2.0):
+def reference(
+    kind: str,
+    world: int,
+    seed: int,
+    skip: int | None = None,
+    dtype=torch.float64,
+    sgd=False,
+    norm_type=2.0,
+    make: Callable[[torch.dtype], torch.nn.Module] = make_model,
+):
     """The plain loop on one process over each window's whole batch; window `skip` is skipped (overflow)."""
-    model = make_model(dtype)
+    model = make(dtype)
     opt = make_optimizer(model.parameters(), sgd)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
     batches = global_batches(kind, world, seed, dtype)

@@ -5,6 +5,9 @@ L2 clipping, uneven per-rank token counts (sum mode), "mean" mode weighted
 by uneven per-rank, per-micro-batch num_items (kind "items"), a short last
 window (flush(), micro_step(last=True) or acc.iterate(loader)), and an
 overflow injected on one rank, which must make every rank skip that window.
+The window ends in the fused tail (fused_step="auto") unless a case says
+otherwise; float32 cases compare it with the plain tail, float64 ones take its
+unscale and clip passes.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from _dist import (
+    IN,
+    LR,
     MICRO,
+    OUT,
     STEPS,
     assert_params_equal,
     global_batches,
@@ -31,33 +37,54 @@ from _dist import (
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from gradacc_ext import GradientAccumulationConfig, GradientAccumulator
+from gradacc_ext.optim import FusedAdamW
 
 pytestmark = [pytest.mark.distributed, needs_gloo]
 SEED = 5
+TOL32 = dict(rtol=1e-4, atol=1e-5)  # float32: the one-process loop sums in another order
 
 
-def fsdp_model(mesh, dtype=torch.float64, mp_policy: MixedPrecisionPolicy | None = None) -> torch.nn.Module:
-    model = make_model(dtype)
+def bottleneck_model(dtype: torch.dtype = torch.float64, seed: int = 11) -> torch.nn.Module:
+    """A 1-wide layer: on 2 ranks its weight and bias shard as 1 + 0 rows (rank 1's shards are empty)."""
+    torch.manual_seed(seed)
+    layers = [torch.nn.Linear(IN, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1), torch.nn.Tanh(), torch.nn.Linear(1, OUT)]
+    return torch.nn.Sequential(*layers).to(dtype)
+
+
+def fsdp_model(mesh, dtype=torch.float64, mp_policy: MixedPrecisionPolicy | None = None, make=make_model):
+    model = make(dtype)
     kwargs = {"mesh": mesh, **({"mp_policy": mp_policy} if mp_policy else {})}
-    for module in (model[0], model[2], model):
+    for module in (*(m for m in model if isinstance(m, torch.nn.Linear)), model):
         fully_shard(module, **kwargs)
     return model
 
 
-def build(mesh, kind: str, reduce: str, norm_type: float = 2.0, **model_kw):
+def build(mesh, kind: str, reduce: str, norm_type: float = 2.0, fused_step="auto", fused_adamw=False, **model_kw):
     model = fsdp_model(mesh, **model_kw)
-    opt = make_optimizer(model.parameters(), sgd="mp_policy" in model_kw)
+    if fused_adamw:
+        opt = FusedAdamW(model.parameters(), lr=LR, weight_decay=0.1)
+    else:
+        opt = make_optimizer(model.parameters(), sgd="mp_policy" in model_kw)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
     config = GradientAccumulationConfig(
         accumulation_steps=STEPS,
         max_grad_norm=0.5,
         norm_type=norm_type,
-        fsdp_reduce=reduce,
         loss_normalization="sum" if kind == "sum" else "mean",
+        fsdp_reduce=reduce,
+        fused_step=fused_step,
     )
     return model, opt, sched, GradientAccumulator(model, opt, config, sched)
+
+
+def assert_tail(acc, fused: bool, windows: int = 3) -> None:
+    """The stats name the tail that ran; the fused one made one op call per window, skipped ones included."""
+    stats = acc.get_accumulation_stats()
+    assert stats["fused_step"] is fused, stats["fused_step_reason"]
+    assert (acc._end.tail.calls if fused else windows) == windows
 
 
 def run(acc, model, batches, rank, *, close: str, inject=None, start: int = 0, stop: int = MICRO) -> None:
@@ -85,6 +112,31 @@ def check_cases(rank: int, world: int, mesh, cases) -> None:
         assert_params_equal(model, reference(kind, world, SEED, skip, norm_type=norm[0] if norm else 2.0))
         assert (acc.optimizer_steps, acc.skipped_steps) == ((2, 1) if inject else (3, 0)), (kind, reduce, close)
         assert sched.last_epoch == acc.optimizer_steps
+        assert_tail(acc, True)
+
+
+def check_fused_tail(rank: int, world: int, mesh, cases, make=make_model) -> None:
+    """float32, where normaliser and clip coefficient ride in the op's grad multiplier: the fused tail equals
+    the plain tail and the one-process loop, and the optimizer state stays torch's, as DTensors."""
+    for kind, reduce, close, inject in cases:
+        skip = None if inject is None else inject[0] // STEPS
+        ref = reference(kind, world, SEED, skip, dtype=torch.float32, make=make)
+        runs = []
+        for fused in (True, False):
+            model, opt, _, acc = build(mesh, kind, reduce, fused_step=fused, dtype=torch.float32, make=make)
+            run(acc, model, global_batches(kind, world, SEED, torch.float32), rank, close=close, inject=inject)
+            assert_tail(acc, fused)
+            assert (acc.optimizer_steps, acc.skipped_steps) == ((2, 1) if inject else (3, 0)), (kind, reduce)
+            assert_params_equal(model, ref, **TOL32)
+            runs.append((model, opt))
+        (model, opt), (plain, plain_opt) = runs
+        assert_params_equal(model, plain, **TOL32)
+        for p, q in zip(model.parameters(), plain.parameters(), strict=True):
+            mine, theirs = opt.state[p], plain_opt.state[q]
+            assert torch.equal(mine["step"], theirs["step"])
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert isinstance(mine[key], DTensor) and mine[key].placements == theirs[key].placements
+                torch.testing.assert_close(mine[key].full_tensor(), theirs[key].full_tensor(), **TOL32)
 
 
 def fsdp_worker(rank: int, world: int, ckpt: str) -> None:
@@ -93,6 +145,10 @@ def fsdp_worker(rank: int, world: int, ckpt: str) -> None:
     cases += [("mean", "micro_step", "last", (1, 0)), ("sum", "micro_step", "last", None, inf)]
     cases += [("items", "micro_step", "flush", (4, 0)), ("items", "window", "iterate", None)]  # mean + num_items
     check_cases(rank, world, mesh, cases)
+    check_fused_tail(rank, world, mesh, [("sum", "micro_step", "flush", (4, 1)), ("mean", "window", "last", (1, 0))])
+    empty = [p.to_local().numel() == 0 for p in fsdp_model(mesh, make=bottleneck_model).parameters()]
+    assert any(empty) is (rank == 1)
+    check_fused_tail(rank, world, mesh, [("sum", "micro_step", "flush", None)], make=bottleneck_model)
     # bf16 compute, fp32 reduce and fp32 sharded parameters: within bf16 rounding of the float32 reference.
     model, opt, _, acc = build(
         mesh, "sum", "micro_step", dtype=torch.float32, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32)
@@ -100,8 +156,16 @@ def fsdp_worker(rank: int, world: int, ckpt: str) -> None:
     run(acc, model, global_batches("sum", world, SEED, torch.float32), rank, close="flush")
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     assert_params_equal(model, reference("sum", world, SEED, dtype=torch.float32, sgd=True), rtol=2e-2, atol=2e-2)
-    check_resume(rank, world, lambda: build(mesh, "sum", "micro_step"), ckpt)
+    assert_tail(acc, True)  # SGD with momentum, buffers as DTensors
+    check_resume(rank, world, lambda: build(mesh, "sum", "micro_step"), ckpt + "-adamw")
+    check_resume(rank, world, lambda: build(mesh, "sum", "micro_step", fused_adamw=True), ckpt + "-fused")
     check_sharded_memory(rank, world, mesh)
+    # FusedAdamW's own clip sees only this rank's shards: refused (the accumulator's max_grad_norm is global).
+    model = fsdp_model(mesh)
+    opt = FusedAdamW(model.parameters(), max_grad_norm=1.0)
+    loss_and_items(model, shard(global_batches("mean", world, SEED)[0], rank))[0].backward()
+    with pytest.raises(ValueError, match=r"FusedAdamW\(max_grad_norm=...\) cannot clip sharded"):
+        opt.step()
 
 
 def check_sharded_memory(rank: int, world: int, mesh) -> None:
@@ -140,6 +204,7 @@ def check_resume(rank: int, world: int, make, ckpt: str, seed: int = SEED) -> No
     sched2.load_state_dict(sched_state)
     assert acc2.micro_steps_in_window == 2
     run(acc2, model2, batches, rank, close="flush", start=cut)
+    assert_tail(acc2, True, windows=2)
     assert_params_equal(model2, model, rtol=0, atol=0)
     assert_params_equal(model2, reference("sum", world, seed))
 
@@ -153,6 +218,7 @@ def hsdp_worker(rank: int, world: int) -> None:
     cases = [("sum", "micro_step", "last", (4, 3)), ("mean", "window", "last", None)]
     cases += [("items", "micro_step", "iterate", None), ("items", "window", "last", None)]  # mean + num_items
     check_cases(rank, world, mesh, cases)
+    check_fused_tail(rank, world, mesh, [("sum", "micro_step", "last", (4, 3))])
     model, _, _, acc = build(mesh, "mean", "micro_step")
     batches = global_batches("mean", world, SEED)
     run(acc, model, batches, rank, close="none", stop=2)

@@ -9,6 +9,9 @@ their float32 buffers directly.
 
 It steps the user's own optimizer: its param_groups (lr read at every step, so schedulers work)
 and its state tensors, in torch's format, so optimizer.state_dict() stays valid either way.
+Under FSDP2 and HSDP the pass runs on each rank's local shards (of the params, of the buffers,
+which mirror them, and of torch's DTensor state, which stays a DTensor for checkpoints), with the
+norm and found_inf that the strategy's global_norm made global: every rank clips alike and skips alike.
 Two tails stay passes: clip_value (an element-wise clamp of the unscaled gradient), and float64
 buffers (the op's grad multiplier is float32; float64 models apply it in float64 first).
 """
@@ -23,6 +26,7 @@ import torch.optim.optimizer as optimizer_module
 
 from ..ops import DEFAULT_EPS, adamw_step_, sgd_step_
 from ..optim import FusedAdamW, FusedSGD
+from ..optim._shards import on_local_shards
 from .buffers import GradBuffers
 from .config import GradientAccumulationConfig
 
@@ -71,8 +75,6 @@ class FusedTail:
         if mode is False:
             return None, "config.fused_step=False"
         why = unsupported_reason(optimizer, buffers.params)
-        if any(type(p).__name__ == "DTensor" for p in buffers.params):
-            why = "sharded (FSDP2 DTensor) parameters: the fused pass is not wired to local shards yet"
         if why is None:
             return cls(optimizer, buffers), ""
         if mode is True:
@@ -141,7 +143,7 @@ class FusedTail:
                 state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["step"] = _step_tensor(state["step"], p)
         beta1, beta2 = group["betas"]
-        adamw_step_(
+        on_local_shards(adamw_step_)(
             params,
             grads,
             [s["exp_avg"] for s in states],
@@ -171,7 +173,7 @@ class FusedTail:
                 self._sgd_steps[p] = (buf, step)
                 buffers.append(buf)
                 steps.append(step)
-        sgd_step_(
+        on_local_shards(sgd_step_)(
             params,
             grads,
             momentum=float(group["momentum"]),

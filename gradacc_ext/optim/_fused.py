@@ -146,6 +146,11 @@ class FusedOptimizer(torch.optim.Optimizer):
             return grad_mult
         by_device: dict[torch.device, list[torch.Tensor]] = {}
         for _, params in work:
+            if any(type(p.grad).__name__ == "DTensor" for p in params):
+                raise ValueError(
+                    f"{type(self).__name__}(max_grad_norm=...) cannot clip sharded (FSDP2 DTensor) gradients: its "
+                    "norm would be this rank's shards' only; clip with GradientAccumulationConfig.max_grad_norm"
+                )
             for p in params:
                 by_device.setdefault(p.grad.device, []).append(p.grad)
         norms = [_norm_of(grads).to(device, torch.float32) for grads in by_device.values()]

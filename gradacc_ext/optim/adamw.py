@@ -8,6 +8,7 @@ import torch
 
 from ..ops import adamw_step_
 from ._fused import DEFAULT_PARAM_MODE, FusedOptimizer, new_state, new_step
+from ._shards import on_local_shards
 
 
 class FusedAdamW(FusedOptimizer):
@@ -84,7 +85,7 @@ class FusedAdamW(FusedOptimizer):
                     state["max_exp_avg_sq"] = new_state(p)
                 max_sqs.append(state["max_exp_avg_sq"])
         beta1, beta2 = group["betas"]
-        adamw_step_(
+        on_local_shards(adamw_step_)(
             params,
             grads,
             [s["exp_avg"] for s in states],

@@ -8,6 +8,7 @@ import torch
 
 from ..ops import sgd_step_
 from ._fused import DEFAULT_PARAM_MODE, FusedOptimizer, new_state, new_step
+from ._shards import on_local_shards
 
 
 class FusedSGD(FusedOptimizer):
@@ -72,7 +73,7 @@ class FusedSGD(FusedOptimizer):
                 if state.get("momentum_buffer") is None:
                     state["momentum_buffer"] = new_state(p)  # overwritten by the first step's gradient
                 buffers.append(state["momentum_buffer"])
-        sgd_step_(
+        on_local_shards(sgd_step_)(
             params,
             grads,
             momentum=group["momentum"],
