@@ -30,67 +30,18 @@ std::string layout_name(at::Layout layout) {
   }
 }
 
-// Which tensors a list accepts. The single-list ops (norms, clips) visit a
-// dense tensor (channels_last, any permutation) in storage order and take
-// float64 (computed in double); the accumulate ops pair two lists element by
-// element, so theirs must be contiguous, and they and unscale_ are fp32/16-bit.
-enum class Use { kPaired, kSingleList };
-
 DType to_dtype(const char* op, const char* arg, int64_t i, const at::Tensor& t, Use use) {
   switch (t.scalar_type()) {
     case at::kFloat: return DType::kFloat32;
     case at::kHalf: return DType::kFloat16;
     case at::kBFloat16: return DType::kBFloat16;
     case at::kDouble:
-      if (use == Use::kSingleList) return DType::kFloat64;
+      if (use != Use::kPaired) return DType::kFloat64;
       [[fallthrough]];
     default:
       TORCH_CHECK_TYPE(false, op, ": ", arg, "[", i, "] has dtype ", dtype_name(t.scalar_type()), "; expected ",
-                       use == Use::kSingleList ? "float32, float16, bfloat16 or float64"
-                                               : "float32, float16 or bfloat16");
+                       use == Use::kPaired ? "float32, float16 or bfloat16" : "float32, float16, bfloat16 or float64");
   }
-}
-
-// A tensor the kernels may read or write as one flat block of storage.
-// `device` is the list's device: every tensor of every list must be there.
-Span check_list_tensor(const char* op, const char* arg, int64_t i, const at::Tensor& t, const at::Device& device,
-                       Use use) {
-  TORCH_CHECK_VALUE(t.defined(), op, ": ", arg, "[", i, "] is undefined (None)");
-  TORCH_CHECK_VALUE(t.layout() == at::kStrided, op, ": ", arg, "[", i, "] has layout ", layout_name(t.layout()),
-                    "; expected a dense (strided) tensor");
-  TORCH_CHECK_VALUE(t.device() == device, op, ": ", arg, "[", i, "] is on ", device_name(t),
-                    " but the list is on ", device.str(), "; all tensors must be on one device");
-  const DType dtype = to_dtype(op, arg, i, t, use);
-  if (use == Use::kPaired) {
-    TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", arg, "[", i, "] is not contiguous (sizes ", t.sizes(),
-                      ", strides ", t.strides(), "); expected a contiguous tensor");
-  } else {
-    TORCH_CHECK_VALUE(t.is_non_overlapping_and_dense(), op, ": ", arg, "[", i, "] is not dense (sizes ", t.sizes(),
-                      ", strides ", t.strides(), "); expected a dense non-overlapping tensor, such as a contiguous "
-                      "or channels_last one");
-  }
-  return Span{t.data_ptr(), t.numel(), dtype};
-}
-
-std::vector<Span> check_list(const char* op, const char* arg, at::TensorList list, const at::Device& device,
-                             Use use = Use::kPaired) {
-  std::vector<Span> spans;
-  spans.reserve(list.size());
-  for (size_t i = 0; i < list.size(); ++i) {
-    spans.push_back(check_list_tensor(op, arg, int64_t(i), list[i], device, use));
-  }
-  return spans;
-}
-
-// A one-element float32 tensor holding a scale, flag or norm on `device`.
-void check_scalar(const char* op, const char* arg, const at::Tensor& t, const at::Device& device) {
-  TORCH_CHECK_VALUE(t.defined(), op, ": ", arg, " is undefined (None)");
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, op, ": ", arg, " has dtype ", dtype_name(t.scalar_type()),
-                   "; expected a one-element float32 tensor");
-  TORCH_CHECK_VALUE(t.layout() == at::kStrided && t.numel() == 1, op, ": ", arg, " has ", t.numel(),
-                    " elements; expected a one-element float32 tensor");
-  TORCH_CHECK_VALUE(t.device() == device, op, ": ", arg, " is on ", device_name(t), " but the tensors are on ",
-                    device.str(), "; expected it on the same device");
 }
 
 // The accumulate final step computes its norm beside the found-inf flag,
@@ -148,7 +99,61 @@ double list_value(const char* op, const char* arg, double v, const std::vector<S
   return v;
 }
 
-// The device a list lives on; `fallback` (an output tensor) when it is empty.
+}  // namespace
+
+// ---- the per-tensor checks, shared with binding_optim.cpp (declared in binding.h) ----
+
+Span check_tensor(const char* op, const char* arg, int64_t i, const at::Tensor& t, const at::Device& device,
+                  Use use) {
+  TORCH_CHECK_VALUE(t.defined(), op, ": ", arg, "[", i, "] is undefined (None)");
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, op, ": ", arg, "[", i, "] has layout ", layout_name(t.layout()),
+                    "; expected a dense (strided) tensor");
+  TORCH_CHECK_VALUE(t.device() == device, op, ": ", arg, "[", i, "] is on ", device_name(t),
+                    " but the tensors are on ", device.str(), "; all tensors must be on one device");
+  const DType dtype = to_dtype(op, arg, i, t, use);
+  if (use == Use::kSingleList) {
+    TORCH_CHECK_VALUE(t.is_non_overlapping_and_dense(), op, ": ", arg, "[", i, "] is not dense (sizes ", t.sizes(),
+                      ", strides ", t.strides(), "); expected a dense non-overlapping tensor, such as a contiguous "
+                      "or channels_last one");
+  } else {
+    TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", arg, "[", i, "] is not contiguous (sizes ", t.sizes(),
+                      ", strides ", t.strides(), "); expected a contiguous tensor");
+  }
+  return Span{t.data_ptr(), t.numel(), dtype};
+}
+
+std::vector<Span> check_list(const char* op, const char* arg, at::TensorList list, const at::Device& device,
+                             Use use) {
+  std::vector<Span> spans;
+  spans.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    spans.push_back(check_tensor(op, arg, int64_t(i), list[i], device, use));
+  }
+  return spans;
+}
+
+void check_scalar(const char* op, const char* arg, const at::Tensor& t, const at::Device& device) {
+  TORCH_CHECK_VALUE(t.defined(), op, ": ", arg, " is undefined (None)");
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, op, ": ", arg, " has dtype ", dtype_name(t.scalar_type()),
+                   "; expected a one-element float32 tensor");
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided && t.numel() == 1, op, ": ", arg, " has ", t.numel(),
+                    " elements; expected a one-element float32 tensor");
+  TORCH_CHECK_VALUE(t.device() == device, op, ": ", arg, " is on ", device_name(t), " but the tensors are on ",
+                    device.str(), "; expected it on the same device");
+}
+
+void check_same_shape(const char* op, const char* arg, int64_t i, const at::Tensor& t, const char* ref_arg,
+                      const at::Tensor& ref) {
+  TORCH_CHECK_VALUE(t.sizes() == ref.sizes(), op, ": ", arg, "[", i, "] has shape ", t.sizes(), " but ", ref_arg, "[",
+                    i, "] has shape ", ref.sizes(), "; expected equal shapes");
+}
+
+void check_pair_dtype(bool ok, const char* op, const char* arg, int64_t i, const at::Tensor& t, const char* ref_arg,
+                      const at::Tensor& ref, const char* expected) {
+  TORCH_CHECK_TYPE(ok, op, ": ", arg, "[", i, "] has dtype ", dtype_name(t.scalar_type()), " but ", ref_arg, "[", i,
+                   "] has dtype ", dtype_name(ref.scalar_type()), "; expected ", expected);
+}
+
 at::Device list_device(at::TensorList list, const at::Tensor* fallback) {
   for (const auto& t : list) {
     if (t.defined()) return t.device();
@@ -156,7 +161,7 @@ at::Device list_device(at::TensorList list, const at::Tensor* fallback) {
   return fallback != nullptr ? fallback->device() : at::Device(at::kCPU);
 }
 
-}  // namespace
+// ---- the ops ----
 
 AccumulateParams accumulate_params(const char* op, at::TensorList bufs, at::TensorList grads, double alpha,
                                    const std::optional<at::Tensor>& alpha_tensor, bool assign) {
@@ -164,15 +169,12 @@ AccumulateParams accumulate_params(const char* op, at::TensorList bufs, at::Tens
                     bufs.size(), " and ", grads.size());
   const at::Device device = list_device(bufs, alpha_tensor ? &*alpha_tensor : nullptr);
   AccumulateParams p;
-  p.bufs = check_list(op, "bufs", bufs, device);
-  p.grads = check_list(op, "grads", grads, device);
+  p.bufs = check_list(op, "bufs", bufs, device, Use::kPaired);
+  p.grads = check_list(op, "grads", grads, device, Use::kPaired);
   for (size_t i = 0; i < bufs.size(); ++i) {
-    TORCH_CHECK_VALUE(bufs[i].sizes() == grads[i].sizes(), op, ": grads[", i, "] has shape ", grads[i].sizes(),
-                      " but bufs[", i, "] has shape ", bufs[i].sizes(), "; expected equal shapes");
-    TORCH_CHECK_TYPE(p.bufs[i].dtype == DType::kFloat32 || p.bufs[i].dtype == p.grads[i].dtype, op, ": bufs[", i,
-                     "] has dtype ", dtype_name(bufs[i].scalar_type()), " but grads[", i, "] has dtype ",
-                     dtype_name(grads[i].scalar_type()),
-                     "; a buffer must be float32 or its grad's dtype");
+    check_same_shape(op, "grads", int64_t(i), grads[i], "bufs", bufs[i]);
+    const bool ok = p.bufs[i].dtype == DType::kFloat32 || p.bufs[i].dtype == p.grads[i].dtype;
+    check_pair_dtype(ok, op, "bufs", int64_t(i), bufs[i], "grads", grads[i], "float32 or its grad's dtype");
   }
   check_finite_scalar(op, "alpha", alpha);
   if (alpha_tensor) {
@@ -226,7 +228,7 @@ ScaleParams unscale_params(const char* op, at::TensorList tensors, const at::Ten
                            const at::Tensor& found_inf) {
   const at::Device device = list_device(tensors, &found_inf);
   ScaleParams p;
-  p.tensors = check_list(op, "tensors", tensors, device);
+  p.tensors = check_list(op, "tensors", tensors, device, Use::kPaired);
   check_scalar(op, "inv_scale", inv_scale, device);
   check_scalar(op, "found_inf", found_inf, device);
   p.mode = ScaleMode::kUnscale;
@@ -267,11 +269,5 @@ ScaleParams clip_value_params(const char* op, at::TensorList tensors, double cli
   p.clip_value = list_value(op, "clip_value", clip_value, p.tensors);
   return p;
 }
-
-void check_scalar_tensor(const char* op, const char* arg, const at::Tensor& t, const at::Device& device) {
-  check_scalar(op, arg, t, device);
-}
-
-at::Device tensor_list_device(at::TensorList list, const at::Tensor* fallback) { return list_device(list, fallback); }
 
 }  // namespace gradacc::binding

@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <vector>
 
 #include "kernels/params.h"
 
@@ -39,10 +40,31 @@ ScaleParams clip_norm_params(const char* op, at::TensorList tensors, const at::T
                              double eps);
 ScaleParams clip_value_params(const char* op, at::TensorList tensors, double clip_value);
 
-// Shared with the optimizer steps' binding (binding_optim.cpp).
-// A one-element float32 tensor on `device`, else a c10::Error naming `arg`.
-void check_scalar_tensor(const char* op, const char* arg, const at::Tensor& t, const at::Device& device);
-// The device of the list's first defined tensor; `fallback`'s (or the CPU) when there is none.
-at::Device tensor_list_device(at::TensorList list, const at::Tensor* fallback);
+// ---- The per-tensor checks, shared by every op here and the optimizer
+// steps (binding_optim.cpp); gradacc_ext/ops/_checks.py has the same ones
+// under the same names, with the same messages.
+
+// Which tensors a list accepts. kPaired (accumulate, unscale_): contiguous
+// fp32/fp16/bf16, as the accumulate ops pair two lists element by element.
+// kSingleList (norms, clips): float64 too (computed in double), and any dense
+// non-overlapping tensor (channels_last, any permutation), visited in storage
+// order. kStep (the fused optimizer steps): contiguous, float64 too.
+enum class Use { kPaired, kSingleList, kStep };
+
+// `arg`[i], a tensor the kernels read or write as one flat block of storage
+// on `device` (every tensor of every list must be there).
+Span check_tensor(const char* op, const char* arg, int64_t i, const at::Tensor& t, const at::Device& device, Use use);
+std::vector<Span> check_list(const char* op, const char* arg, at::TensorList list, const at::Device& device, Use use);
+// `arg`[i] pairs element by element with `ref_arg`[i].
+void check_same_shape(const char* op, const char* arg, int64_t i, const at::Tensor& t, const char* ref_arg,
+                      const at::Tensor& ref);
+// `ok`: whether `arg`[i]'s dtype goes with `ref_arg`[i]'s; `expected` says which would.
+void check_pair_dtype(bool ok, const char* op, const char* arg, int64_t i, const at::Tensor& t, const char* ref_arg,
+                      const at::Tensor& ref, const char* expected);
+// A one-element float32 tensor (a scale, flag, norm or step count) on `device`.
+void check_scalar(const char* op, const char* arg, const at::Tensor& t, const at::Device& device);
+// The device of the list's first defined tensor; `fallback`'s (an output
+// tensor; else the CPU) when there is none.
+at::Device list_device(at::TensorList list, const at::Tensor* fallback);
 
 }  // namespace gradacc::binding

@@ -1,5 +1,6 @@
 // Checks of the fused optimizer steps and their CPU registration.
-// gradacc_ext/ops/_checks_optim.py mirrors these rule for rule.
+// gradacc_ext/ops/_checks_optim.py mirrors these rule for rule; the per-tensor
+// checks are binding.h's (Use::kStep), shared with the other ops.
 #include "binding_optim.h"
 
 #include <ATen/ATen.h>
@@ -14,36 +15,6 @@
 namespace gradacc::binding {
 namespace {
 
-DType param_dtype(const char* op, const char* arg, int64_t i, const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kDouble: return DType::kFloat64;
-    case at::kFloat: return DType::kFloat32;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBFloat16: return DType::kBFloat16;
-    default:
-      TORCH_CHECK_TYPE(false, op, ": ", arg, "[", i, "] has dtype ", t.scalar_type(),
-                       "; expected float64, float32, float16 or bfloat16");
-  }
-}
-
-// A dense contiguous tensor on `device` with the shape of params[i].
-Span check_tensor(const char* op, const char* arg, int64_t i, const at::Tensor& t, const at::Device& device,
-                  const at::Tensor* like) {
-  TORCH_CHECK_VALUE(t.defined(), op, ": ", arg, "[", i, "] is undefined (None)");
-  TORCH_CHECK_VALUE(t.layout() == at::kStrided, op, ": ", arg, "[", i, "] has layout ", t.layout(),
-                    "; expected a dense (strided) tensor");
-  TORCH_CHECK_VALUE(t.device() == device, op, ": ", arg, "[", i, "] is on ", t.device().str(), " but params are on ",
-                    device.str(), "; all tensors must be on one device");
-  const DType dtype = param_dtype(op, arg, i, t);
-  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", arg, "[", i, "] is not contiguous (sizes ", t.sizes(),
-                    ", strides ", t.strides(), "); expected a contiguous tensor");
-  if (like != nullptr) {
-    TORCH_CHECK_VALUE(t.sizes() == like->sizes(), op, ": ", arg, "[", i, "] has shape ", t.sizes(), " but params[",
-                      i, "] has shape ", like->sizes(), "; expected equal shapes");
-  }
-  return Span{t.data_ptr(), t.numel(), dtype};
-}
-
 // `list` must have params' length (or, if `optional`, be empty): one tensor
 // per param, of params' shape, of dtype `want(param dtype)`.
 template <typename Want>
@@ -56,10 +27,10 @@ std::vector<Span> check_companions(const char* op, const char* arg, at::TensorLi
   std::vector<Span> spans;
   spans.reserve(list.size());
   for (size_t i = 0; i < list.size(); ++i) {
-    spans.push_back(check_tensor(op, arg, int64_t(i), list[i], params[i].device(), &params[i]));
-    TORCH_CHECK_TYPE(want(param_spans[i].dtype, spans.back().dtype), op, ": ", arg, "[", i, "] has dtype ",
-                     list[i].scalar_type(), " but params[", i, "] has dtype ", params[i].scalar_type(), "; expected ",
-                     expected);
+    spans.push_back(check_tensor(op, arg, int64_t(i), list[i], params[i].device(), Use::kStep));
+    check_same_shape(op, arg, int64_t(i), list[i], "params", params[i]);
+    check_pair_dtype(want(param_spans[i].dtype, spans.back().dtype), op, arg, int64_t(i), list[i], "params",
+                     params[i], expected);
   }
   return spans;
 }
@@ -81,10 +52,8 @@ OptimParams common_params(const char* op, at::TensorList params, at::TensorList 
   TORCH_CHECK_VALUE(mode >= 0 && mode <= 2, op, ": mode must be 0 (nearest), 1 (master) or 2 (stochastic), got ",
                     mode);
   OptimParams p;
-  const at::Device device = tensor_list_device(params, s.found_inf ? &*s.found_inf : nullptr);
-  for (size_t i = 0; i < params.size(); ++i) {
-    p.params.push_back(check_tensor(op, "params", int64_t(i), params[i], device, nullptr));
-  }
+  const at::Device device = list_device(params, s.found_inf ? &*s.found_inf : nullptr);
+  p.params = check_list(op, "params", params, device, Use::kStep);
   p.grads = check_companions(op, "grads", grads, params, p.params, false, "the param's dtype or float32",
                              [](DType param, DType grad) { return grad == param || grad == DType::kFloat32; });
   p.mode = ParamMode(mode);
@@ -100,19 +69,19 @@ OptimParams common_params(const char* op, at::TensorList params, at::TensorList 
                     ": steps must hold one tensor per param (", params.size(), ") or one shared by all",
                     steps_required ? "" : " (or none)", ", got ", steps.size());
   for (size_t i = 0; i < steps.size(); ++i) {
-    check_scalar_tensor(op, ("steps[" + std::to_string(i) + "]").c_str(), steps[i], device);
+    check_scalar(op, ("steps[" + std::to_string(i) + "]").c_str(), steps[i], device);
     p.steps.push_back(steps[i].data_ptr<float>());
   }
   if (s.lr_tensor) {
-    check_scalar_tensor(op, "lr_tensor", *s.lr_tensor, device);
+    check_scalar(op, "lr_tensor", *s.lr_tensor, device);
     p.lr_ptr = s.lr_tensor->data_ptr<float>();
   }
   if (s.grad_mult) {
-    check_scalar_tensor(op, "grad_mult", *s.grad_mult, device);
+    check_scalar(op, "grad_mult", *s.grad_mult, device);
     p.grad_mult_ptr = s.grad_mult->data_ptr<float>();
   }
   if (s.found_inf) {
-    check_scalar_tensor(op, "found_inf", *s.found_inf, device);
+    check_scalar(op, "found_inf", *s.found_inf, device);
     p.found_inf = s.found_inf->data_ptr<float>();
   }
   p.scalars.lr = s.lr;

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
+import pytest
 import torch
 
 U32 = 2.0**-24  # fp32 unit roundoff
@@ -99,6 +100,17 @@ def snapshot(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 def assert_bits_unchanged(before: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor], what: str = "") -> None:
     for i, (b, t) in enumerate(zip(before, tensors, strict=True)):
         assert torch.equal(b, bits(t)), f"{what}[{i}] was modified"
+
+
+def assert_raise_alike(calls: Iterable[Callable[[], object]], exc: type[Exception], match: str) -> None:
+    """The error contract of the two backends: every call raises `exc` matching `match`, all with the same
+    type and the same message, word for word (dtype and layout names included)."""
+    raised = []
+    for call in calls:
+        with pytest.raises(exc, match=match) as info:
+            call()
+        raised.append((type(info.value), str(info.value)))
+    assert all(r == raised[0] for r in raised), raised
 
 
 def assert_bitwise_equal(got: torch.Tensor, want: torch.Tensor, what: str = "") -> None:

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field, fields
 
 import pytest
 import torch
-from _oracle import assert_bits_unchanged, snapshot
+from _oracle import assert_bits_unchanged, assert_raise_alike, snapshot
 from conftest import require_ext
 
 import gradacc_ext
+from gradacc_ext.ops import _checks, _checks_optim
 
 
 @dataclass
@@ -208,14 +209,13 @@ def test_both_backends_raise_the_same_type_and_message(device, gen, op, brk, exc
     """The error contract: for every bad input, the compiled and the pure-PyTorch backends raise the same
     exception type with the same message, word for word (dtype and layout names included)."""
     require_ext(device)
-    raised = []
-    for backend in ("ext", "torch"):
+
+    def run(backend: str) -> None:
         inputs = Inputs.make(device, torch.Generator().manual_seed(0))
         brk(inputs)
-        with pytest.raises(exc, match=match) as info:
-            OPS[op](inputs, backend)
-        raised.append((type(info.value), str(info.value)))
-    assert raised[0] == raised[1]
+        OPS[op](inputs, backend)
+
+    assert_raise_alike([lambda: run("ext"), lambda: run("torch")], exc, match)
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -248,3 +248,41 @@ def test_ext_backend_without_kernels_for_the_device_is_an_error():
     t = [torch.empty(3, device="meta")]
     with pytest.raises(RuntimeError, match=r"backend='ext' requested for meta"):
         gradacc_ext.global_norm(t, backend="ext")
+
+
+# sgd_step_'s lr, lr_tensor, grad_mult, found_inf, momentum, dampening, weight_decay, nesterov
+SGD_OPTIONS = (0.1, None, None, None, 0.9, 0.0, 0.0, False)
+# (compiled op, its arguments, the Python validator of the same call) for lists `t` of CPU tensors.
+CHECKED_CALLS = {
+    "accumulate_": (
+        lambda t: (t["bufs"], t["grads"], 0.5, None, False),
+        lambda t: _checks.check_accumulate("gradacc.accumulate_", t["bufs"], t["grads"], 0.5, None),
+    ),
+    "sgd_step_": (  # no masters; maximize=False, mode 0 (nearest), seed 0
+        lambda t: (t["params"], t["grads"], t["bufs"], [], t["steps"], *SGD_OPTIONS, False, 0, 0),
+        lambda t: _checks_optim.check_sgd_step(
+            "gradacc.sgd_step_", t["params"], t["grads"], t["bufs"], [], t["steps"], *SGD_OPTIONS, 0
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize(("op", "arg", "named"), [
+    ("accumulate_", "bufs", "bufs"), ("accumulate_", "grads", "grads"), ("sgd_step_", "params", "params"),
+    ("sgd_step_", "grads", "grads"), ("sgd_step_", "bufs", "momentum_buffers"),
+])  # fmt: skip
+def test_compiled_device_message_is_the_python_one(gen, op, arg, named):
+    """A meta tensor beside CPU ones dispatches to the Meta kernels, which run the Python checks, so the
+    tables compare the binding's "is on" message only on CUDA; here the compiled CPU kernel is called past
+    the Meta dispatch. One per-tensor check on each backend: lists and optimizer steps alike."""
+    require_ext("cpu")
+    t = {name: [torch.randn(4, generator=gen) for _ in range(3)] for name in ("bufs", "grads", "params")}
+    t["steps"] = [torch.ones(())]
+    t[arg][1] = torch.empty(4, device="meta")
+    compiled_args, python_check = CHECKED_CALLS[op]
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    compiled = getattr(torch.ops.gradacc, op).default
+    match = rf"{named}\[1\] is on meta but the tensors are on cpu"
+    assert_raise_alike(
+        [lambda: compiled.redispatch(keys, *compiled_args(t)), lambda: python_check(t)], ValueError, match
+    )

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 from _optim_inputs import StepInputs, make_inputs
-from _oracle import assert_bits_unchanged, snapshot
+from _oracle import assert_bits_unchanged, assert_raise_alike, snapshot
+from conftest import require_ext
 
 from gradacc_ext.ops import adamw_step_, sgd_step_
 
@@ -98,6 +99,8 @@ BAD_TENSORS = {
     "int32": (lambda c: torch.randint(-5, 5, (12,), dtype=torch.int32, device=c.device), TypeError, "dtype"),
     "sparse": (lambda c: torch.randn(12, device=c.device).to_sparse(), ValueError, "layout"),
     "strided": (lambda c: torch.randn(24, device=c.device)[::2], ValueError, "not contiguous"),
+    # dense but permuted: the norms and clips take it (storage order), the steps pair lists element by element
+    "transposed": (lambda c: torch.randn(4, 3, device=c.device).t(), ValueError, "not contiguous"),
     "other_device": (lambda c: torch.randn(12, device=c.other), ValueError, "is on"),
     "shape": (lambda c: torch.randn(3, 4, device=c.device), ValueError, "shape"),
 }
@@ -136,6 +139,20 @@ def test_bad_input_is_rejected_and_nothing_is_written(device, backend, gen, op, 
     with pytest.raises(exc, match=match):
         OPS[op](c, backend)
     assert_bits_unchanged(before, watched, "inputs")
+
+
+@pytest.mark.parametrize(("op", "brk", "exc", "match"), CASES)
+def test_both_backends_raise_the_same_type_and_message(device, op, brk, exc, match):
+    """The error contract of tests/test_ops_errors.py for the steps: the compiled and the pure-PyTorch
+    backends raise the same exception type with the same message, word for word (dtype names included)."""
+    require_ext(device)
+
+    def run(backend: str) -> None:
+        c = Call.make(device, torch.Generator().manual_seed(0))
+        brk(c)
+        OPS[op](c, backend)
+
+    assert_raise_alike([lambda: run("ext"), lambda: run("torch")], exc, match)
 
 
 @pytest.mark.parametrize("op", list(OPS))

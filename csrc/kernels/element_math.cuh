@@ -53,7 +53,7 @@ GRADACC_HD float bits_float(uint32_t u) {
 #endif
 }
 
-// Round-to-nearest-even multiply, add and divide that no compiler may fuse.
+// Round-to-nearest-even multiply, add, divide and square root that no compiler may fuse.
 // nvcc contracts a*b+c into an FMA unless told not to: the _rn intrinsics
 // forbid it. The host side is built with -ffp-contract=off (setup.py).
 GRADACC_HD float mul_rn(float a, float b) {
@@ -77,6 +77,47 @@ GRADACC_HD float add_rn(float a, float b) {
   return __fadd_rn(a, b);
 #else
   return a + b;  // an add alone cannot be contracted
+#endif
+}
+
+GRADACC_HD float sqrt_rn(float x) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+
+// The same in double: fp64 lists (norms, clips) and the fp64 optimizer steps.
+GRADACC_HD double mul_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+GRADACC_HD double div_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __ddiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+GRADACC_HD double add_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+GRADACC_HD double sqrt_rn(double x) {
+#if defined(__CUDA_ARCH__)
+  return __dsqrt_rn(x);
+#else
+  return std::sqrt(x);
 #endif
 }
 
@@ -210,13 +251,7 @@ template <> struct Arith<float> {
   GRADACC_HD static float add(float a, float b) { return add_rn(a, b); }
   GRADACC_HD static float mul(float a, float b) { return mul_rn(a, b); }
   GRADACC_HD static float div(float a, float b) { return div_rn(a, b); }
-  GRADACC_HD static float sqrt(float a) {
-#if defined(__CUDA_ARCH__)
-    return __fsqrt_rn(a);
-#else
-    return std::sqrt(a);
-#endif
-  }
+  GRADACC_HD static float sqrt(float a) { return sqrt_rn(a); }
   GRADACC_HD static float abs(float x) { return abs_f(x); }
   GRADACC_HD static bool isnan(float x) { return is_nan(x); }
   GRADACC_HD static float inf() { return bits_float(0x7F800000u); }
@@ -228,34 +263,10 @@ template <> struct Arith<float> {
 };
 
 template <> struct Arith<double> {
-  GRADACC_HD static double add(double a, double b) {
-#if defined(__CUDA_ARCH__)
-    return __dadd_rn(a, b);
-#else
-    return a + b;
-#endif
-  }
-  GRADACC_HD static double mul(double a, double b) {
-#if defined(__CUDA_ARCH__)
-    return __dmul_rn(a, b);
-#else
-    return a * b;
-#endif
-  }
-  GRADACC_HD static double div(double a, double b) {
-#if defined(__CUDA_ARCH__)
-    return __ddiv_rn(a, b);
-#else
-    return a / b;
-#endif
-  }
-  GRADACC_HD static double sqrt(double a) {
-#if defined(__CUDA_ARCH__)
-    return __dsqrt_rn(a);
-#else
-    return std::sqrt(a);
-#endif
-  }
+  GRADACC_HD static double add(double a, double b) { return add_rn(a, b); }
+  GRADACC_HD static double mul(double a, double b) { return mul_rn(a, b); }
+  GRADACC_HD static double div(double a, double b) { return div_rn(a, b); }
+  GRADACC_HD static double sqrt(double a) { return sqrt_rn(a); }
   GRADACC_HD static double abs(double x) { return bits_double(double_bits(x) & 0x7FFFFFFFFFFFFFFFull); }
   GRADACC_HD static bool isnan(double x) { return (double_bits(x) & 0x7FFFFFFFFFFFFFFFull) > 0x7FF0000000000000ull; }
   GRADACC_HD static double inf() { return bits_double(0x7FF0000000000000ull); }

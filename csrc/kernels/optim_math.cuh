@@ -20,48 +20,6 @@
 
 namespace gradacc {
 
-// ---- double versions of the non-contracting operations ------------------
-
-GRADACC_HD double mul_rn(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-GRADACC_HD double div_rn(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __ddiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
-GRADACC_HD double add_rn(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-GRADACC_HD float sqrt_rn(float x) {
-#if defined(__CUDA_ARCH__)
-  return __fsqrt_rn(x);
-#else
-  return std::sqrt(x);
-#endif
-}
-
-GRADACC_HD double sqrt_rn(double x) {
-#if defined(__CUDA_ARCH__)
-  return __dsqrt_rn(x);
-#else
-  return std::sqrt(x);
-#endif
-}
-
 // ---- loads and stores in the compute type -------------------------------
 
 // Loads use element_math.cuh's load_as<C>(x) (16-bit and fp32 values widen exactly).

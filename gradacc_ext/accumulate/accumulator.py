@@ -10,10 +10,11 @@
 The accumulator runs micro-steps; collaborators do the rest: GradBuffers (the window's gradient SUM),
 GradHooks (folds gradients into it in buckets while backward runs), Window (normaliser, weights),
 WindowEnd (normalise, unscale, check, clip) with OptimizerStepper (step, deferred scheduler step),
-Checkpoint and StatsReport. It owns hooks on its parameters: use it as a context manager or call
-close() (garbage collection removes them too). Two-phase construction: __init__ keeps the config,
-_attach() does everything that needs the model and optimizer: GradientAccumulator(config), the
-guides' form, is attached later by attach(model, optimizer).
+Checkpoint and StatsReport; the read side and state_dict() are mixins (observing.py, checkpoint.py).
+It owns hooks on its parameters: use it as a context manager or call close() (garbage collection
+removes them too). Two-phase construction: __init__ keeps the config, _attach() does everything that
+needs the model and optimizer: GradientAccumulator(config), the guides' form, is attached later by
+attach(model, optimizer).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 
 from ..distributed.grad_sync import grad_sync_for
 from .buffers import GradBuffers
-from .checkpoint import Checkpoint
+from .checkpoint import AccumulatorCheckpointing, Checkpoint
 from .config import GradientAccumulationConfig
 from .hooks import GradHooks
 from .loss_checks import MigrationChecks
@@ -44,7 +45,7 @@ LossFn = Callable[[Any, Any], "torch.Tensor | tuple[torch.Tensor, int | torch.Te
 _END = object()  # iterate(): past the loader's last batch
 
 
-class GradientAccumulator(AccumulatorObserving):
+class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
     """Runs micro-batches and steps the optimizer (and scheduler) once per window.
 
     GradientAccumulator(model, optimizer, config, scheduler=None, scaler=None),
@@ -322,15 +323,3 @@ class GradientAccumulator(AccumulatorObserving):
     def _drop_grads(self) -> None:
         for p in self.params:
             p.grad = None
-
-    # -- checkpointing ----------------------------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """Mid-window buffers, counters and loss scale; save it with the model, optimizer and scheduler."""
-        if self._in_micro_step:
-            raise RuntimeError("GradientAccumulator.state_dict: called inside micro_step()")
-        # FSDP2 and DDP: sharded and per-rank values as DTensors, for torch.distributed.checkpoint.
-        return self._sync.wrap_state(self._checkpoint.state_dict(), self._buffers)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._checkpoint.load_state_dict(self._sync.unwrap_state(state, self._buffers))

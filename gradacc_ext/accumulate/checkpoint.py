@@ -2,6 +2,8 @@
 
 Save it with the model, optimizer and scheduler; loading it into an
 accumulator built the same way resumes the window exactly where it was.
+Checkpoint gathers the collaborators' state; AccumulatorCheckpointing is
+GradientAccumulator's public side of it (the distributed strategy wraps it).
 """
 
 from __future__ import annotations
@@ -77,3 +79,18 @@ class Checkpoint:
         if self.loss_scale is not None:
             self.loss_scale.load_state_dict(state["loss_scale"])
         self.stepper.restore(state.get("pending_step_skipped"))
+
+
+class AccumulatorCheckpointing:
+    """GradientAccumulator's state_dict()/load_state_dict(), a mixin like AccumulatorObserving: it reads the
+    Checkpoint, the grad-sync strategy and the buffers that GradientAccumulator._attach() creates."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Mid-window buffers, counters and loss scale; save it with the model, optimizer and scheduler."""
+        if self._in_micro_step:
+            raise RuntimeError("GradientAccumulator.state_dict: called inside micro_step()")
+        # FSDP2 and DDP: sharded and per-rank values as DTensors, for torch.distributed.checkpoint.
+        return self._sync.wrap_state(self._checkpoint.state_dict(), self._buffers)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._checkpoint.load_state_dict(self._sync.unwrap_state(state, self._buffers))

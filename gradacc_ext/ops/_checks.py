@@ -2,11 +2,13 @@
 
 They mirror csrc/binding.cpp rule for rule (same exception types, messages
 that name the argument), so both backends reject bad input identically and
-write nothing when they do.
+write nothing when they do. The per-tensor checks (check_tensor, check_same_shape,
+check_pair_dtype, check_scalar) serve the optimizer steps' checks too (_checks_optim.py).
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Sequence
 
@@ -14,7 +16,7 @@ import torch
 
 SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 FLOAT32_MAX = torch.finfo(torch.float32).max
-# The single-list ops (norms, clips) also take float64 lists, computed in double.
+# The single-list ops (norms, clips: computed in double) and the optimizer steps also take float64.
 SINGLE_LIST = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 SCALAR_FLOATS = SINGLE_LIST
 
@@ -51,36 +53,69 @@ def is_dense(t: torch.Tensor) -> bool:
     return True
 
 
-def check_list(
-    op: str, arg: str, tensors: Sequence[torch.Tensor], device: torch.device, *, single_list: bool = False
-) -> None:
-    """single_list (the binding's Use::kSingleList: norms and clips): a dense non-overlapping tensor
-    (channels_last, any permutation) and float64 are accepted; otherwise contiguous fp32/fp16/bf16."""
-    dtypes, names = (SINGLE_LIST, "float32, float16, bfloat16 or float64") if single_list else (
-        SUPPORTED, "float32, float16 or bfloat16"
+class Use(enum.Enum):
+    """Which tensors a list accepts, csrc/binding.h's Use. PAIRED (accumulate, unscale_): contiguous
+    fp32/fp16/bf16, as the accumulate ops pair two lists element by element. SINGLE_LIST (norms, clips):
+    float64 too (computed in double), and any dense non-overlapping tensor (channels_last, any
+    permutation), visited in storage order. STEP (the fused optimizer steps): contiguous, float64 too."""
+
+    PAIRED = "paired"
+    SINGLE_LIST = "single_list"
+    STEP = "step"
+
+
+def check_tensor(op: str, arg: str, i: int, t: torch.Tensor | None, device: torch.device, use: Use) -> None:
+    """One tensor of a list argument, `arg`[i], that the kernels read or write as one flat block on `device`."""
+    dtypes, names = (
+        (SUPPORTED, "float32, float16 or bfloat16")
+        if use is Use.PAIRED
+        else (SINGLE_LIST, "float32, float16, bfloat16 or float64")
     )
+    if t is None:
+        raise ValueError(f"{op}: {arg}[{i}] is undefined (None)")
+    if t.layout != torch.strided:
+        raise ValueError(f"{op}: {arg}[{i}] has layout {t.layout}; expected a dense (strided) tensor")
+    if t.device != device:
+        raise ValueError(
+            f"{op}: {arg}[{i}] is on {t.device} but the tensors are on {device}; all tensors must be on one device"
+        )
+    if t.dtype not in dtypes:
+        raise TypeError(f"{op}: {arg}[{i}] has dtype {t.dtype}; expected {names}")
+    if use is Use.SINGLE_LIST:
+        if not (t.is_contiguous() or is_dense(t)):
+            raise ValueError(
+                f"{op}: {arg}[{i}] is not dense (sizes {list(t.shape)}, strides {list(t.stride())}); "
+                "expected a dense non-overlapping tensor, such as a contiguous or channels_last one"
+            )
+    elif not t.is_contiguous():
+        raise ValueError(
+            f"{op}: {arg}[{i}] is not contiguous (sizes {list(t.shape)}, strides {list(t.stride())}); "
+            "expected a contiguous tensor"
+        )
+
+
+def check_list(op: str, arg: str, tensors: Sequence[torch.Tensor], device: torch.device, use: Use = Use.PAIRED) -> None:
     for i, t in enumerate(tensors):
-        if t is None:
-            raise ValueError(f"{op}: {arg}[{i}] is undefined (None)")
-        if t.layout != torch.strided:
-            raise ValueError(f"{op}: {arg}[{i}] has layout {t.layout}; expected a dense (strided) tensor")
-        if t.device != device:
-            raise ValueError(
-                f"{op}: {arg}[{i}] is on {t.device} but the list is on {device}; all tensors must be on one device"
-            )
-        if t.dtype not in dtypes:
-            raise TypeError(f"{op}: {arg}[{i}] has dtype {t.dtype}; expected {names}")
-        if single_list:
-            if not (t.is_contiguous() or is_dense(t)):
-                raise ValueError(
-                    f"{op}: {arg}[{i}] is not dense (sizes {list(t.shape)}, strides {list(t.stride())}); "
-                    "expected a dense non-overlapping tensor, such as a contiguous or channels_last one"
-                )
-        elif not t.is_contiguous():
-            raise ValueError(
-                f"{op}: {arg}[{i}] is not contiguous (sizes {list(t.shape)}, strides {list(t.stride())}); "
-                "expected a contiguous tensor"
-            )
+        check_tensor(op, arg, i, t, device, use)
+
+
+def check_same_shape(op: str, arg: str, i: int, t: torch.Tensor, ref_arg: str, ref: torch.Tensor) -> None:
+    """`arg`[i] pairs element by element with `ref_arg`[i]."""
+    if t.shape != ref.shape:
+        raise ValueError(
+            f"{op}: {arg}[{i}] has shape {list(t.shape)} but {ref_arg}[{i}] has shape {list(ref.shape)}; "
+            "expected equal shapes"
+        )
+
+
+def check_pair_dtype(
+    ok: bool, op: str, arg: str, i: int, t: torch.Tensor, ref_arg: str, ref: torch.Tensor, expected: str
+) -> None:
+    """`ok`: whether `arg`[i]'s dtype goes with `ref_arg`[i]'s; `expected` says which would."""
+    if not ok:
+        raise TypeError(
+            f"{op}: {arg}[{i}] has dtype {t.dtype} but {ref_arg}[{i}] has dtype {ref.dtype}; expected {expected}"
+        )
 
 
 def check_scalar(op: str, arg: str, t: torch.Tensor | None, device: torch.device) -> None:
@@ -137,16 +172,9 @@ def check_accumulate(
     check_list(op, "bufs", bufs, device)
     check_list(op, "grads", grads, device)
     for i, (b, g) in enumerate(zip(bufs, grads, strict=True)):
-        if b.shape != g.shape:
-            raise ValueError(
-                f"{op}: grads[{i}] has shape {list(g.shape)} but bufs[{i}] has shape {list(b.shape)}; "
-                "expected equal shapes"
-            )
-        if b.dtype != torch.float32 and b.dtype != g.dtype:
-            raise TypeError(
-                f"{op}: bufs[{i}] has dtype {b.dtype} but grads[{i}] has dtype {g.dtype}; "
-                "a buffer must be float32 or its grad's dtype"
-            )
+        check_same_shape(op, "grads", i, g, "bufs", b)
+        ok = b.dtype in (torch.float32, g.dtype)
+        check_pair_dtype(ok, op, "bufs", i, b, "grads", g, "float32 or its grad's dtype")
     if not math.isfinite(alpha):
         raise ValueError(f"{op}: alpha must be finite, got {num(alpha)}")
     if alpha_tensor is not None:
@@ -199,7 +227,7 @@ def check_accumulate_final(
 
 
 def check_global_norm(op: str, tensors: Sequence[torch.Tensor], norm_type: float) -> None:
-    check_list(op, "tensors", tensors, list_device(tensors), single_list=True)
+    check_list(op, "tensors", tensors, list_device(tensors), use=Use.SINGLE_LIST)
     check_norm_type(op, float(norm_type))
 
 
@@ -214,7 +242,7 @@ def check_clip_by_norm(
     op: str, tensors: Sequence[torch.Tensor], total_norm: torch.Tensor, max_norm: float, eps: float
 ) -> None:
     device = list_device(tensors, total_norm)
-    check_list(op, "tensors", tensors, device, single_list=True)
+    check_list(op, "tensors", tensors, device, use=Use.SINGLE_LIST)
     check_norm_scalar(op, total_norm, device)
     check_max_norm(op, float(max_norm))
     if not (math.isfinite(eps) and eps >= 0):
@@ -225,7 +253,7 @@ def check_clip_by_norm(
 
 def check_clip_by_value(op: str, tensors: Sequence[torch.Tensor], clip_value: float) -> None:
     """0 zeroes, inf keeps, a negative value sets every element to it (torch.clamp); NaN is refused."""
-    check_list(op, "tensors", tensors, list_device(tensors), single_list=True)
+    check_list(op, "tensors", tensors, list_device(tensors), use=Use.SINGLE_LIST)
     if math.isnan(clip_value):
         raise ValueError(f"{op}: clip_value must not be NaN, got {num(clip_value)}")
     check_fits_float(op, "clip_value", float(clip_value), tensors)

@@ -2,7 +2,8 @@
 
 Used by the reference path (optim_api.py) and the fake kernels (_fake_optim.py): every backend
 rejects the same input with the same exception type and a message naming the argument, before
-anything is written. Option errors use torch.optim's wording ("Invalid learning rate: -1.0").
+anything is written. The per-tensor checks are _checks.py's (Use.STEP). Option errors use torch.optim's
+wording with the number as C++ prints it ("Invalid learning rate: -1"), as the binding's messages do.
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ._checks import check_scalar, list_device
+from ._checks import Use, check_list, check_pair_dtype, check_same_shape, check_scalar, check_tensor, list_device, num
 
-PARAM_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 LOW = (torch.float16, torch.bfloat16)
 MODES = {"nearest": 0, "master": 1, "stochastic": 2}
 STATE_EXPECTED = "float32 (float64 for a float64 param)"
@@ -23,31 +23,6 @@ STATE_EXPECTED = "float32 (float64 for a float64 param)"
 def state_dtype(param_dtype: torch.dtype) -> torch.dtype:
     """The optimizer state's dtype for a param: float64 for float64 params, float32 otherwise."""
     return torch.float64 if param_dtype == torch.float64 else torch.float32
-
-
-def _check_tensor(
-    op: str, arg: str, i: int, t: torch.Tensor | None, device: torch.device, like: torch.Tensor | None
-) -> None:
-    if t is None:
-        raise ValueError(f"{op}: {arg}[{i}] is undefined (None)")
-    if t.layout != torch.strided:
-        raise ValueError(f"{op}: {arg}[{i}] has layout {t.layout}; expected a dense (strided) tensor")
-    if t.device != device:
-        raise ValueError(
-            f"{op}: {arg}[{i}] is on {t.device} but params are on {device}; all tensors must be on one device"
-        )
-    if t.dtype not in PARAM_DTYPES:
-        raise TypeError(f"{op}: {arg}[{i}] has dtype {t.dtype}; expected float64, float32, float16 or bfloat16")
-    if not t.is_contiguous():
-        raise ValueError(
-            f"{op}: {arg}[{i}] is not contiguous (sizes {list(t.shape)}, strides {list(t.stride())}); "
-            "expected a contiguous tensor"
-        )
-    if like is not None and t.shape != like.shape:
-        raise ValueError(
-            f"{op}: {arg}[{i}] has shape {list(t.shape)} but params[{i}] has shape {list(like.shape)}; "
-            "expected equal shapes"
-        )
 
 
 def _check_companions(
@@ -65,11 +40,9 @@ def _check_companions(
         extra = " or none" if optional else ""
         raise ValueError(f"{op}: {arg} must have one tensor per param ({len(params)}){extra}, got {len(tensors)}")
     for i, (t, p) in enumerate(zip(tensors, params, strict=True)):
-        _check_tensor(op, arg, i, t, p.device, p)
-        if not ok(p.dtype, t.dtype):
-            raise TypeError(
-                f"{op}: {arg}[{i}] has dtype {t.dtype} but params[{i}] has dtype {p.dtype}; expected {expected}"
-            )
+        check_tensor(op, arg, i, t, p.device, Use.STEP)
+        check_same_shape(op, arg, i, t, "params", p)
+        check_pair_dtype(ok(p.dtype, t.dtype), op, arg, i, t, "params", p, expected)
 
 
 def _is_state(param: torch.dtype, state: torch.dtype) -> bool:
@@ -78,7 +51,7 @@ def _is_state(param: torch.dtype, state: torch.dtype) -> bool:
 
 def _invalid(ok: bool, op: str, what: str, value: float) -> None:
     if not ok:
-        raise ValueError(f"{op}: Invalid {what}: {value}")
+        raise ValueError(f"{op}: Invalid {what}: {num(value)}")
 
 
 def _check_common(
@@ -100,8 +73,7 @@ def _check_common(
     if mode not in MODES.values():
         raise ValueError(f"{op}: mode must be 0 (nearest), 1 (master) or 2 (stochastic), got {mode}")
     device = list_device(params, found_inf)
-    for i, p in enumerate(params):
-        _check_tensor(op, "params", i, p, device, None)
+    check_list(op, "params", params, device, Use.STEP)
     _check_companions(
         op, "grads", grads, params, False, "the param's dtype or float32", lambda p, g: g in (p, torch.float32)
     )
@@ -153,7 +125,7 @@ def check_adamw_step(
     _invalid(math.isfinite(eps) and eps >= 0.0, op, "epsilon value", eps)
     for index, beta in enumerate((beta1, beta2)):
         if not 0.0 <= beta < 1.0:
-            raise ValueError(f"{op}: Invalid beta parameter at index {index}: {beta}")
+            raise ValueError(f"{op}: Invalid beta parameter at index {index}: {num(beta)}")
     _check_common(
         op, params, grads, master_params, steps, True, lr, lr_tensor, grad_mult, found_inf, weight_decay, mode
     )
