@@ -164,13 +164,8 @@ class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
         return self._data_ends or self._window.micro + 1 == self.accumulation_steps
 
     def iterate(self, loader: Iterable) -> Iterator[Any]:
-        """Yields the loader's batches; the last one's micro-step closes the window, short or not.
-
-        It fetches each next batch before yielding the current one, so it knows
-        the last batch ahead (Accelerate's end_of_dataloader): the data's short
-        last window needs no flush(), which HSDP and FSDP2's "window" mode cannot
-        do. Every rank must get the same number of batches.
-        """
+        """Yields the loader's batches, fetching one ahead (Accelerate's end_of_dataloader): the last batch's
+        micro-step closes the window as micro_step(last=True) does, so the short last window needs no flush()."""
         batches = iter(loader)
         ahead = next(batches, _END)
         try:
