@@ -8,6 +8,7 @@ reference when the extension is not built (or with backend="torch").
 from __future__ import annotations
 
 from .accumulate import AdaptiveGradientAccumulator, GradientAccumulationConfig, GradientAccumulator, StepInfo
+from .distributed.failures import PeerOutOfMemoryError
 from .ops import (
     accumulate_,
     accumulate_final_,
@@ -34,6 +35,7 @@ __all__ = [
     "AdaptiveGradientAccumulator",
     "GradientAccumulationConfig",
     "GradientAccumulator",
+    "PeerOutOfMemoryError",
     "StepInfo",
     "__version__",
     "accumulate_",

@@ -34,27 +34,52 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple) -> None:
+def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, agent_store: bool) -> None:
     torch.set_num_threads(1)  # a forked child must not reuse the parent's OpenMP pool
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    # agent_store: a client of the launcher's store; otherwise rank 0 hosts it (env:// without torchrun).
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False) if agent_store else None
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60), store=store)
     try:
         fn(rank, world, *args)
     finally:
         dist.destroy_process_group()
 
 
-def launch(fn: Callable, world: int, *args, timeout: float = 120) -> None:
-    """Runs fn(rank, world, *args) in `world` processes; a worker error or a hang fails the test."""
+def _host_store(port: int, world: int) -> None:
+    """The c10d store in a process of its own, as torchrun's agent hosts it: it outlives every worker.
+
+    Not in the test process: a store server's thread there would be running when the workers fork.
+    """
+    server = dist.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False)  # noqa: F841
+    time.sleep(3600)  # serving, until launch() kills this process
+
+
+def launch(fn: Callable, world: int, *args, timeout: float = 120, agent_store: bool = False) -> None:
+    """Runs fn(rank, world, *args) in `world` processes; a worker error or a hang fails the test.
+
+    agent_store: a separate process hosts the c10d store (as torchrun's agent does), so it outlives any worker.
+    """
+    port = free_port()
     # fork (not spawn) when CUDA is untouched: children skip re-importing torch, which dominates the time.
     method = "spawn" if torch.cuda.is_initialized() else "fork"
-    ctx = mp.start_processes(_entry, args=(world, free_port(), fn, args), nprocs=world, join=False, start_method=method)
-    deadline = time.monotonic() + timeout
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in ctx.processes:
-                process.kill()
-            pytest.fail(f"{world} workers did not finish within {timeout} s (a hang)")
+    host = mp.get_context(method).Process(target=_host_store, args=(port, world), daemon=True) if agent_store else None
+    if host is not None:
+        host.start()
+    try:
+        ctx = mp.start_processes(
+            _entry, args=(world, port, fn, args, agent_store), nprocs=world, join=False, start_method=method
+        )
+        deadline = time.monotonic() + timeout
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                for process in ctx.processes:
+                    process.kill()
+                pytest.fail(f"{world} workers did not finish within {timeout} s (a hang)")
+    finally:
+        if host is not None:
+            host.kill()
+            host.join()
 
 
 def make_model(dtype: torch.dtype = torch.float64, seed: int = 11) -> torch.nn.Module:

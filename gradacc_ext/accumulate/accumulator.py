@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..distributed.failures import told_to_peers
 from ..distributed.grad_sync import grad_sync_for
 from .buffers import GradBuffers
 from .checkpoint import AccumulatorCheckpointing, Checkpoint
@@ -185,13 +186,15 @@ class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
         needed instead of flush() under HSDP and FSDP2's "window" mode, where
         only a synced backward releases FSDP's sums.
         If the body raises, the partial gradients of that micro-batch are dropped
-        and the window is left as it was before it.
+        and the window is left as it was before it. Data-parallel: an OOM here fails
+        every rank with a clear error (distributed/failures.py).
         """
         if self._in_micro_step:
             raise RuntimeError("GradientAccumulator.micro_step() cannot be nested")
         self._in_micro_step, self._backward_done, self._closing = True, False, bool(last)
         try:
-            with self._sync.context(self.sync_gradients or self._closing), self._autocast():
+            sync = self._sync.context(self.sync_gradients or self._closing)
+            with told_to_peers(self._sync.reduces), sync, self._autocast():  # reduces: a data-parallel strategy
                 yield self
         except BaseException:
             self._drop_grads()
@@ -225,7 +228,8 @@ class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
         check_loss(loss)
         self._checks(loss, self._in_micro_step)
         weight, count = self._window.weight(num_items)
-        return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=True)
+        with told_to_peers(self._sync.reduces and not self._in_micro_step):  # inside one, micro_step() tells
+            return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=True)
 
     def _backprop(
         self,
@@ -300,7 +304,8 @@ class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
         self._stepper.resolve()
         if self._window.micro == 0:
             return False
-        self._end.close(self._window)
+        with told_to_peers(self._sync.reduces):  # the window end's collectives
+            self._end.close(self._window)
         self._stepper.resolve()
         return True
 

@@ -15,8 +15,10 @@ with one difference that removes its DDP deadlock (Composer PR #2117): no
 collective runs until the window's end, so ranks may split differently
 without agreeing first. Under FSDP2/HSDP and DDP's "overlap" mode collectives
 run inside micro-steps, so an OOM is re-raised at once as a clear error on
-its rank (the others fail at the process group's timeout) instead of
-splitting alone and desynchronising the collectives.
+its rank instead of splitting alone and desynchronising the collectives; the
+rank records it in the process group's store, and the others, whose
+collectives then fail, raise PeerOutOfMemoryError naming it
+(distributed/failures.py).
 """
 
 from __future__ import annotations
@@ -126,8 +128,9 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
                         raise RuntimeError(
                             f"AdaptiveGradientAccumulator: out of memory at micro-batch size {n} under "
                             f"{self._sync.name}, whose forward/backward run collectives, so this rank cannot split "
-                            "alone; the other ranks fail at the process group's timeout. Lower micro_batch_size "
-                            "(or use DDP with ddp_reduce='buffer', where ranks split independently)"
+                            "alone; the other ranks raise PeerOutOfMemoryError naming this rank when their collective "
+                            "fails (at the process group's timeout, or at once when this process exits). Lower "
+                            "micro_batch_size (or use DDP with ddp_reduce='buffer', where ranks split independently)"
                         ) from oom
                     if torch.cuda.is_available():
                         torch.cuda.empty_cache()
