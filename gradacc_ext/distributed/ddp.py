@@ -16,7 +16,9 @@ communicate in bf16 while the buffers stay fp32. A short window closed
 by flush() had no synced backward and falls back to the buffer reduce.
 
 Either way the count is all-reduced too, so uneven per-rank num_items
-give the exact global mean.
+give the exact global mean. In "overlap" mode, "mean" mode's per-micro-batch
+num_items weights go into each loss (window.weigh_loss), since the reducer
+sums the closing gradient before any hook could weight it.
 """
 
 from __future__ import annotations
