@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -39,10 +39,11 @@ from .params import check_optimizer, trainable
 from .reports import StatsReport
 from .stats import AccumulatorStats
 from .stepper import OptimizerStepper
-from .window import Window, check_loss
+from .window import Window, check_loss, weigh_loss
 from .window_end import WindowEnd
 
 LossFn = Callable[[Any, Any], "torch.Tensor | tuple[torch.Tensor, int | torch.Tensor]"]
+_END = object()  # iterate(): past the loader's last batch
 
 
 class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
@@ -75,6 +76,7 @@ class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
         self.attached = False
         self._in_micro_step = False
         self._closing = False  # micro_step(last=True): this micro-batch closes the window
+        self._data_ends = False  # iterate(): the batch it yielded is the loader's last
         self._backward_done = False
         self._last_backpropagated: torch.Tensor | None = None
         if model_or_params is not None or optimizer is not None:
@@ -131,7 +133,7 @@ class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
         self.device = self._buffers.device
         self._loss_scale = LossScale.for_config(c, scaler, self.device)
         self.stats = AccumulatorStats(self.device, c.grad_norm_history, c.track_memory)
-        self._window = Window(c.loss_normalization, self.device, weighting_allowed=self._sync.weights_micro_batches)
+        self._window = Window(c.loss_normalization, self.device)
         self._stepper = OptimizerStepper(optimizer, scheduler, c.skip_nonfinite, self.stats)
         self._end = WindowEnd(c, self._buffers, self._sync, self._loss_scale, self._stepper, self.stats)
         self._checkpoint = Checkpoint(c, self._window, self._buffers, self.stats, self._loss_scale, self._stepper)
@@ -160,15 +162,29 @@ class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
     @property
     def sync_gradients(self) -> bool:
         """True when the next backward closes the window (Accelerate's name)."""
-        return self._window.micro + 1 == self.accumulation_steps
+        return self._data_ends or self._window.micro + 1 == self.accumulation_steps
+
+    def iterate(self, loader: Iterable) -> Iterator[Any]:
+        """Yields the loader's batches, fetching one ahead (Accelerate's end_of_dataloader): the last batch's
+        micro-step closes the window as micro_step(last=True) does, so the short last window needs no flush()."""
+        batches = iter(loader)
+        ahead = next(batches, _END)
+        try:
+            while ahead is not _END:
+                batch, ahead = ahead, next(batches, _END)
+                self._data_ends = ahead is _END
+                yield batch
+        finally:
+            self._data_ends = False
 
     @contextlib.contextmanager
     def micro_step(self, last: bool = False) -> Iterator[GradientAccumulator]:
         """Run one micro-batch's forward and backward() inside: enters DDP's no_sync and the configured autocast.
 
         last=True: this micro-batch closes the window even if it is short (the
-        data's last batch); needed instead of flush() under HSDP and FSDP2's
-        "window" mode, where only a synced backward releases FSDP's sums.
+        data's last batch; iterate() sets this for the loader's last batch);
+        needed instead of flush() under HSDP and FSDP2's "window" mode, where
+        only a synced backward releases FSDP's sums.
         If the body raises, the partial gradients of that micro-batch are dropped
         and the window is left as it was before it. Data-parallel: an OOM here fails
         every rank with a clear error (distributed/failures.py).
@@ -230,8 +246,11 @@ class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
         window's normaliser; only the part that completes a micro-batch counts
         as a micro-step, and only it can close the window.
         """
-        final = completes_micro_batch and (self._closing or self._window.micro + 1 == self.accumulation_steps)
+        final = completes_micro_batch and (self._closing or self.sync_gradients)
         scaled = self._loss_scale.scale(loss) if self._loss_scale is not None else loss
+        # FSDP2/HSDP and DDP overlap reduce inside backward, before the hooks could weight: weigh the loss.
+        weigh = not self._sync.weights_micro_batches and not (isinstance(weight, float) and weight == 1.0)
+        backpropagated, weight = (weigh_loss(scaled, weight), 1.0) if weigh else (scaled, weight)
         # False: the wrapper reduces straight into the buffers (DDP overlap's closing backward); no folding.
         folds = self._sync.before_backward(final, self._buffers)
         if folds:
@@ -239,13 +258,14 @@ class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
         try:
             # Backward runs outside autocast (torch's recommendation); ops reuse the forward's dtypes.
             with torch.autocast(self.device.type, enabled=False):
-                scaled.reshape(()).backward()
+                backpropagated.reshape(()).backward()
             self._hooks.finish() if folds else self._drop_grads()
         except BaseException:
             self._abort_backward(undoable=folds)
             raise
         self._window.commit(weighted, count)
-        self._last_backpropagated = scaled.detach()
+        last = scaled.detach()  # mse_loss's 0-d loss views its micro-batch's losses: hold only the value
+        self._last_backpropagated = last.clone() if last.untyped_storage().nbytes() > last.element_size() else last
         self._backward_done = True
         if completes_micro_batch:
             self._window.micro += 1
