@@ -10,7 +10,8 @@
 The accumulator runs micro-steps; collaborators do the rest: GradBuffers (the window's gradient SUM),
 GradHooks (folds gradients into it in buckets while backward runs), Window (normaliser, weights),
 WindowEnd (normalise, unscale, check, clip) with OptimizerStepper (step, deferred scheduler step),
-Checkpoint and StatsReport; the read side and state_dict() are mixins (observing.py, checkpoint.py).
+Checkpoint and StatsReport; one backward into the window, the read side and state_dict() are mixins
+(backprop.py, observing.py, checkpoint.py).
 It owns hooks on its parameters: use it as a context manager or call close() (garbage collection
 removes them too). Two-phase construction: __init__ keeps the config, _attach() does everything that
 needs the model and optimizer: GradientAccumulator(config), the guides' form, is attached later by
@@ -20,7 +21,6 @@ attach(model, optimizer).
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -28,6 +28,7 @@ import torch
 
 from ..distributed.failures import told_to_peers
 from ..distributed.grad_sync import grad_sync_for
+from .backprop import AccumulatorBackprop
 from .buffers import GradBuffers
 from .checkpoint import AccumulatorCheckpointing, Checkpoint
 from .config import GradientAccumulationConfig
@@ -39,14 +40,14 @@ from .params import check_optimizer, trainable
 from .reports import StatsReport
 from .stats import AccumulatorStats
 from .stepper import OptimizerStepper
-from .window import Window, check_loss, weigh_loss
+from .window import Window, check_loss
 from .window_end import WindowEnd
 
 LossFn = Callable[[Any, Any], "torch.Tensor | tuple[torch.Tensor, int | torch.Tensor]"]
 _END = object()  # iterate(): past the loader's last batch
 
 
-class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
+class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, AccumulatorCheckpointing):
     """Runs micro-batches and steps the optimizer (and scheduler) once per window.
 
     GradientAccumulator(model, optimizer, config, scheduler=None, scaler=None),
@@ -231,62 +232,6 @@ class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
         with told_to_peers(self._sync.reduces and not self._in_micro_step):  # inside one, micro_step() tells
             return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=True)
 
-    def _backprop(
-        self,
-        loss: torch.Tensor,
-        weight: float | torch.Tensor,
-        count: float | torch.Tensor,
-        *,
-        weighted: bool,
-        completes_micro_batch: bool,
-    ) -> bool:
-        """Backward of one micro-batch or of one part of it (the adaptive accumulator's splits).
-
-        weight multiplies this part's gradient and count is its share of the
-        window's normaliser; only the part that completes a micro-batch counts
-        as a micro-step, and only it can close the window.
-        """
-        final = completes_micro_batch and (self._closing or self.sync_gradients)
-        scaled = self._loss_scale.scale(loss) if self._loss_scale is not None else loss
-        # FSDP2/HSDP and DDP overlap reduce inside backward, before the hooks could weight: weigh the loss.
-        weigh = not self._sync.weights_micro_batches and not (isinstance(weight, float) and weight == 1.0)
-        backpropagated, weight = (weigh_loss(scaled, weight), 1.0) if weigh else (scaled, weight)
-        # False: the wrapper reduces straight into the buffers (DDP overlap's closing backward); no folding.
-        folds = self._sync.before_backward(final, self._buffers)
-        if folds:
-            self._hooks.arm(weight)
-        try:
-            # Backward runs outside autocast (torch's recommendation); ops reuse the forward's dtypes.
-            with torch.autocast(self.device.type, enabled=False):
-                backpropagated.reshape(()).backward()
-            self._hooks.finish() if folds else self._drop_grads()
-        except BaseException:
-            self._abort_backward(undoable=folds)
-            raise
-        self._window.commit(weighted, count)
-        last = scaled.detach()  # mse_loss's 0-d loss views its micro-batch's losses: hold only the value
-        self._last_backpropagated = last.clone() if last.untyped_storage().nbytes() > last.element_size() else last
-        self._backward_done = True
-        if completes_micro_batch:
-            self._window.micro += 1
-            self.stats.micro_step()
-        if final:
-            self._end.close(self._window)
-        return final
-
-    def _abort_backward(self, undoable: bool = True) -> None:
-        """A failed backward: undo what it folded, or discard the window when that cannot be exact."""
-        self._drop_grads()
-        if not self._hooks.abort() or not undoable:
-            self._buffers.release()
-            self._window.reset()
-            warnings.warn(
-                "GradientAccumulator: a backward failed after part of its gradient was added to the window's sums; "
-                "the open window was discarded (the next micro-batch starts a new one)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-
     def step_batch(self, batch: Any, loss_fn: LossFn) -> bool:
         """One micro-batch through a callable: loss_fn(model, batch) -> loss or (loss, num_items)."""
         with self.micro_step():
@@ -320,7 +265,3 @@ class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
             raise RuntimeError("GradientAccumulator.discard_window: called inside micro_step()")
         self._buffers.release()
         self._window.reset()
-
-    def _drop_grads(self) -> None:
-        for p in self.params:
-            p.grad = None
