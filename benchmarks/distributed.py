@@ -4,10 +4,13 @@
     python benchmarks/distributed.py --world 2 --windows 6 --width 512 --layers 6
 
 Contenders (same model, data and window on every rank):
-  ddp-plain-no_sync      DDP, no_sync on non-final micro-steps, autograd accumulates .grad (DDP's reducer, overlapped)
-  ddp-gradacc-buffer     GradientAccumulator, whole-buffer all-reduce after the last backward (before issue 11)
+  ddp-plain-no_sync      DDP(model) defaults, no_sync on non-final micro-steps, autograd accumulates .grad
+                         (DDP's reducer, overlapped)
+  ddp-plain-no_sync-bf16 the same with a bf16 comm hook (torch's bf16_compress_hook, which torch allows on GPUs only)
+  ddp-gradacc-buffer     GradientAccumulator, whole-buffer all-reduce after the last backward (the default)
+  ddp-gradacc-buffer-bf16   the same, communicating in bf16 (in chunks of the largest gradient)
   ddp-gradacc-overlap    GradientAccumulator, ddp_reduce="overlap" (DDP's reducer over the buffers)
-  ddp-gradacc-overlap-bf16  the same, communicating in bf16
+  ddp-gradacc-overlap-bf16  the same, communicating in bf16 (one bf16 copy of each DDP bucket, as the plain hook)
   fsdp-plain-window      fully_shard, set_requires_gradient_sync(False) until the last micro-step
   fsdp-plain-every       fully_shard, reduce-scatter every micro-step, FSDP accumulates sharded grads
   fsdp-gradacc-micro_step / fsdp-gradacc-window   GradientAccumulator with fsdp_reduce set so
@@ -23,7 +26,8 @@ gradient storage held between windows (gradacc's flat buffers; a plain loop's .g
 after zero_grad) plus the peak of CPU allocations above the window's start, from every
 allocation and free torch.profiler records ("[memory]" events), over one extra profiled
 window; it holds activations and all-gathered parameters (equal for all contenders of a
-wrapper) plus gradients and communication buffers.
+wrapper) plus gradients and communication buffers. DDP's reducer allocates its buckets (the size of
+the gradient) when the model is wrapped, the same for every DDP contender: they are in no row.
 On a one-machine CPU run the ranks share the cores, so communication cannot truly overlap
 compute; a one-GPU run cannot show cross-rank overlap either. Multi-GPU NCCL runs are needed for that and were not done.
 """
@@ -55,7 +59,9 @@ from gradacc_ext import GradientAccumulationConfig, GradientAccumulator
 STEPS, MICRO_BATCH = 4, 32
 CONTENDERS = (
     "ddp-plain-no_sync",
+    "ddp-plain-no_sync-bf16",
     "ddp-gradacc-buffer",
+    "ddp-gradacc-buffer-bf16",
     "ddp-gradacc-overlap",
     "ddp-gradacc-overlap-bf16",
     "fsdp-plain-window",
@@ -72,11 +78,24 @@ def make_model(width: int, layers: int) -> torch.nn.Module:
     return torch.nn.Sequential(*blocks, torch.nn.Linear(width, 1))
 
 
+def bf16_hook(group, bucket):  # unannotated: DDP checks a hook's annotations
+    """torch's bf16_compress_hook (average in bf16, fp32 result), without its GPU-only check."""
+    buffer = bucket.buffer()
+    low = buffer.to(torch.bfloat16).div_(dist.get_world_size(group))
+
+    def back(fut: torch.futures.Future) -> torch.Tensor:
+        return buffer.copy_(fut.value()[0])
+
+    return dist.all_reduce(low, group=group, async_op=True).get_future().then(back)
+
+
 def build(name: str, width: int, layers: int, world: int):
     """(window function running one window on the given micro-batches, gradient bytes it holds between windows)."""
     model = make_model(width, layers)
     if name.startswith("ddp"):
         model = torch.nn.parallel.DistributedDataParallel(model)
+        if name == "ddp-plain-no_sync-bf16":
+            model.register_comm_hook(None, bf16_hook)
     else:
         hsdp = name.startswith("hsdp")
         shape, names = ((2, world // 2), ("replicate", "shard")) if hsdp else ((world,), None)
@@ -105,7 +124,7 @@ def build(name: str, width: int, layers: int, world: int):
     def plain(batches):
         for i, (x, y) in enumerate(batches):
             last = i == len(batches) - 1
-            if name == "ddp-plain-no_sync":
+            if name.startswith("ddp-plain-no_sync"):
                 ctx = model.no_sync() if not last else contextlib.nullcontext()
             else:
                 model.set_requires_gradient_sync(last or name.endswith(("-every", "-deferred")))
@@ -113,7 +132,8 @@ def build(name: str, width: int, layers: int, world: int):
                     model.set_requires_all_reduce(last)
                 ctx = contextlib.nullcontext()
             with ctx:
-                (torch.nn.functional.mse_loss(model(x), y) / len(batches)).backward()
+                loss = torch.nn.functional.mse_loss(model(x), y)  # held through backward, as acc.backward(loss) does
+                (loss / len(batches)).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -12,11 +12,13 @@ inf, clip the global L2 norm and take one AdamW step:
 * torch.compile (eager tail + step): the eager contender's whole body under torch.compile (inductor).
 
 Columns: median ms of --repeats interleaved calls; speed-up over torch eager; B/param that contender's
-passes move (step_probes.py; inductor's fusion is its own, so none for compile); GB/s and % of a plain
-copy's bandwidth, both on the 38 B/param floor every contender must move (grad read 2, buffer read+write 8,
-step reads param, buffer, exp_avg, exp_avg_sq 16, writes 12); peak MiB one warm step allocates on top of
-the state (allocator-level: torch.profiler memory events on CPU, max_memory_allocated on CUDA). Figures
-depend on the machine (say which when you quote). The first (compiling) call of torch.compile is timed apart.
+passes move (step_probes.py; inductor's fusion is its own, so none for compile); GB/s on the 38 B/param
+floor every contender must move (grad read 2, buffer read+write 8, step reads param, buffer, exp_avg,
+exp_avg_sq 16, writes 12) and "% copy": that GB/s over the harness's roofline (gradacc_ext.benchmarking's
+Roofline, as in `gradacc bench`: the faster of copy_ and in-place add_ streams, sampled at the start and
+after every interleaved round); peak MiB one warm step allocates on top of the state (allocator-level:
+torch.profiler memory events on CPU, max_memory_allocated on CUDA). Figures depend on the machine (say
+which when you quote). The first (compiling) call of torch.compile is timed apart.
 
     PYTHONPATH=. python benchmarks/fused_step.py --workload gpt2-small --scale 0.25 --threads 1
 """
@@ -33,6 +35,8 @@ import torch
 from step_probes import BYTES_PER_PARAM, FLOOR_BYTES_PER_PARAM, peak_step_bytes
 
 from gradacc_ext import ops
+from gradacc_ext.benchmarking.report import OVER_ROOFLINE
+from gradacc_ext.benchmarking.timing import Roofline, rotation_bytes
 from gradacc_ext.benchmarking.workloads import WORKLOADS, make_workload
 from gradacc_ext.ops.reference import clip_coefficient
 
@@ -98,13 +102,6 @@ CONTENDERS = {
 COMPILED = "torch.compile (eager tail + step)"
 
 
-def copy_ms(numel: int, repeats: int) -> float:
-    """A plain copy moving the same bytes: the bandwidth yardstick."""
-    src = torch.empty(FLOOR_BYTES_PER_PARAM * numel // 8, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    return 1e3 * statistics.median(_times(lambda: dst.copy_(src), repeats))
-
-
 def _times(fn: Callable[[], object], repeats: int, warm_up: bool = True) -> list[float]:
     if warm_up:
         fn()  # state allocation, first touch
@@ -123,6 +120,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile contender")
+    parser.add_argument(
+        "--copy-mib",
+        type=int,
+        help="size the roofline as compare.py's --copy-mib does (two fp32 streams of a quarter of it each); "
+        "default: the harness's rotation_bytes, as gradacc bench",
+    )
     parser.add_argument("--out", type=Path, help="also write the table (markdown) to this file")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -130,7 +133,9 @@ def main() -> None:
     numel = workload.numel
     lines = [f"{workload.name}: {workload.summary()}; {args.threads} thread(s); torch {torch.__version__}", ""]
     print(lines[0])
-    copy = copy_ms(numel, args.repeats)
+    cpu = torch.device("cpu")
+    roofline = Roofline(cpu, args.copy_mib << 20 if args.copy_mib else rotation_bytes(cpu), args.threads)
+    roofline.sample()
     contenders = {k: v for k, v in CONTENDERS.items() if not (args.no_compile and k == COMPILED)}
     fns, first_steps, first_calls = {}, {}, {}
     with torch.no_grad():
@@ -146,6 +151,8 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, fn in fns.items():
                 times[name] += _times(fn, 1, warm_up=False)
+            roofline.sample()  # after every round, as the harness does after every cell: the load changes
+        roofline.free()
         peaks = {name: peak_step_bytes(fn, torch.device("cpu")) for name, fn in fns.items()}
     rows = [(name, 1e3 * statistics.median(t)) for name, t in times.items()]
     eager = dict(rows)["torch eager (foreach)"]
@@ -160,11 +167,22 @@ def main() -> None:
     for name, ms in rows:
         moved = BYTES_PER_PARAM[name]
         gbps = FLOOR_BYTES_PER_PARAM * numel / ms / 1e6
+        pct = roofline.percent(gbps)
         lines.append(
             f"| {name} | {ms:.1f} | {eager / ms:.2f}x | {moved if moved is not None else '—'} | {gbps:.2f} | "
-            f"{100 * copy / ms:.0f}% | {peaks[name] / 2**20:.1f} | {peaks[name] / numel:.2f} |"
+            f"{OVER_ROOFLINE if pct is None else f'{pct:.0f}%'} | {peaks[name] / 2**20:.1f} | "
+            f"{peaks[name] / numel:.2f} |"
         )
-    lines += [f"| copy of the same bytes | {copy:.1f} | | {FLOOR_BYTES_PER_PARAM} | | 100% | | |", ""]
+    step_mib, streams_mib = FLOOR_BYTES_PER_PARAM * numel / 2**20, 4 * roofline.numel / 2**20
+    # the harness's rule for its rotated input sets: below rotation_bytes, part of a call can run from cache
+    from_cache = step_mib < rotation_bytes(cpu) / 2**20
+    lines += [
+        "",
+        f"Roofline: {roofline.gbps:.2f} GB/s, the fastest call of two fp32 streams over {streams_mib:.0f} MiB "
+        f"(copy_ 8 B/element, in-place add_ 12 B) in {len(roofline.samples)} samples. A step moves at least "
+        f"{step_mib:.0f} MiB" + (", too few to rule out the cache: % copy is an upper bound." if from_cache else "."),
+        "",
+    ]
     lines += [f"First two calls (ms), {name}: {a:.0f}, {b:.0f}" for name, (a, b) in first_calls.items()]
     print("\n".join(lines[1:]))
     if args.out:

@@ -36,7 +36,6 @@ CASES = {  # name: (param dtype, accum_dtype)
     "bf16+fp32 acc": (torch.bfloat16, torch.float32),
     "bf16+bf16 acc": (torch.bfloat16, None),
 }
-GPT2_SMALL_PARAMS = 124_439_808
 IMPLS = (
     "plain",
     "plain grad_dtype=fp32",
@@ -115,12 +114,12 @@ def worker(args: argparse.Namespace) -> dict:
     else:
         from gradacc_ext import GradientAccumulationConfig, GradientAccumulator
 
-        # DDP's 25 MiB is 5.3% of GPT-2 small's fp32 gradients: a scaled-down model gets the same fraction.
-        bucket = args.bucket_bytes or max(1, round(25 * 2**20 * n / GPT2_SMALL_PARAMS))
+        # The library's default (1 byte: each gradient folded as it arrives) unless --bucket-bytes says otherwise.
         options = {"release_buffers": True} if "release" in args.impl else {}
         if "grad_views" in args.impl:
             options["grad_views"] = True
-        if args.impl != "gradacc baseline":
+        if args.impl != "gradacc baseline":  # the baseline keeps its own default
+            bucket = args.bucket_bytes or GradientAccumulationConfig.bucket_size_bytes
             options["bucket_size_bytes"] = bucket
         config = GradientAccumulationConfig(accumulation_steps=steps, accum_dtype=accum, **options)
         acc = GradientAccumulator(model, opt, config)
@@ -190,7 +189,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--micro-batch", type=int, default=2)
-    parser.add_argument("--bucket-bytes", type=int, help="default: 25 MiB scaled by parameters / GPT-2 small's")
+    parser.add_argument("--bucket-bytes", type=int, help="default: the config's (1 byte)")
     parser.add_argument("--windows", type=int, default=2, help="timed windows per implementation")
     # 5d7c6ab: main just before issue 9 (gradients materialised in full, then folded; persistent cast copies).
     parser.add_argument("--baseline", default="5d7c6ab", help="git ref of the baseline implementation")

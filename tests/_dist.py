@@ -11,6 +11,7 @@ import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -86,11 +87,27 @@ def make_model(dtype: torch.dtype = torch.float64, seed: int = 11) -> torch.nn.M
     return torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, OUT)).to(dtype)
 
 
+class Items(NamedTuple):
+    """A micro-batch of kind "items": each rank holds its own number of rows (1 to 4); a rank's loss is the
+    mean over its rows and num_items its row count (a device tensor on odd micro-batches, else an int)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    stops: tuple[int, ...]  # rank r holds rows stops[r - 1]:stops[r]
+    tensor_items: bool
+
+
 def global_batches(kind: str, world: int, seed: int, dtype: torch.dtype = torch.float64) -> list[tuple]:
-    """MICRO global micro-batches: "mean": 2 rows per rank; "sum": 2 padded sequences per rank, uneven tokens."""
+    """MICRO global micro-batches: "mean": 2 rows per rank; "sum": 2 padded sequences per rank, uneven tokens;
+    "items": uneven rows per rank (Items), weighted by num_items in "mean" mode."""
     g = torch.Generator().manual_seed(seed)
     out = []
-    for _ in range(MICRO):
+    for i in range(MICRO):
+        if kind == "items":
+            stops = tuple(torch.randint(1, 5, (world,), generator=g).cumsum(0).tolist())
+            x, y = torch.randn(stops[-1], IN, generator=g), torch.randn(stops[-1], OUT, generator=g)
+            out.append(Items(x.to(dtype), y.to(dtype), stops, i % 2 == 1))
+            continue
         if kind == "mean":
             out.append((torch.randn(2 * world, IN, generator=g, dtype=dtype), torch.randn(2 * world, OUT, generator=g)))
             continue
@@ -98,14 +115,20 @@ def global_batches(kind: str, world: int, seed: int, dtype: torch.dtype = torch.
         mask = (torch.arange(6)[None, :] < lengths[:, None]).to(dtype)
         x, y = torch.randn(2 * world, 6, IN, generator=g, dtype=dtype), torch.randn(2 * world, 6, OUT, generator=g)
         out.append((x, y.to(dtype), mask))
-    return [tuple(t.to(dtype) for t in b) for b in out]
+    return [b if isinstance(b, Items) else tuple(t.to(dtype) for t in b) for b in out]
 
 
 def shard(batch: tuple, rank: int) -> tuple:
+    if isinstance(batch, Items):
+        start, stop = batch.stops[rank - 1] if rank else 0, batch.stops[rank]
+        return batch._replace(x=batch.x[start:stop], y=batch.y[start:stop], stops=(stop - start,))
     return tuple(t[2 * rank : 2 * rank + 2] for t in batch)
 
 
-def loss_and_items(model: torch.nn.Module, batch: tuple) -> tuple[torch.Tensor, int | None]:
+def loss_and_items(model: torch.nn.Module, batch: tuple) -> tuple[torch.Tensor, int | torch.Tensor | None]:
+    if isinstance(batch, Items):
+        rows = len(batch.x)
+        return torch.nn.functional.mse_loss(model(batch.x), batch.y), torch.tensor(rows) if batch.tensor_items else rows
     if len(batch) == 3:
         x, y, mask = batch
         return (((model(x) - y) ** 2).sum(-1) * mask).sum(), int(mask.sum())
@@ -141,6 +164,9 @@ def reference(
         opt.zero_grad()
         if kind == "sum":
             loss = sum(loss_and_items(model, b)[0] for b in window) / sum(b[2].sum() for b in window)
+        elif kind == "items":  # the mean over all rows of all ranks in the window
+            x, y = torch.cat([b.x for b in window]), torch.cat([b.y for b in window])
+            loss = torch.nn.functional.mse_loss(model(x), y)
         else:
             loss = sum(loss_and_items(model, b)[0] for b in window) / len(window)
         loss.backward()

@@ -10,6 +10,20 @@ from _oracle import rand_list
 
 from gradacc_ext.ops._checks_optim import state_dtype
 
+# Options of the op tests and the emulation: each config reaches a different branch of the element math.
+SGD_CONFIGS = {
+    "plain": {},
+    "momentum": {"momentum": 0.9},
+    "damped_decay": {"momentum": 0.8, "dampening": 0.3, "weight_decay": 0.05},
+    "nesterov_max": {"momentum": 0.9, "nesterov": True, "maximize": True, "weight_decay": 0.01},
+}
+ADAM_CONFIGS = {
+    "plain": {},
+    "amsgrad": {"amsgrad": True, "weight_decay": 0.1},
+    "maximize": {"maximize": True, "betas": (0.6, 0.95)},
+    "beta1_large": {"amsgrad": True, "betas": (0.3, 0.5), "eps": 1e-3},  # lerp's second branch
+}
+
 
 @dataclass
 class StepInputs:

@@ -56,3 +56,18 @@ def one_cpu_thread():
     kernels' own threading is tested explicitly with _oracle.cpu_threads."""
     with cpu_threads(1):
         yield
+
+
+@pytest.fixture(scope="session")
+def emulators(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The host emulation of the CUDA kernels (tests/emulation), one library per metadata variant,
+    built once per session for every emulation test file (their marks skip where it cannot build)."""
+    from _emulation import build_emulators
+
+    return build_emulators(tmp_path_factory.mktemp("emulation"))
+
+
+@pytest.fixture
+def emu(emulators: dict) -> object:
+    """The 32 KB-metadata emulation library (an Emulator)."""
+    return emulators["param32k"]

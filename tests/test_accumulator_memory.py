@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import copy
 import gc
+import math
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 from test_accumulator import IN, OUT, assert_params_close, make_batches, make_model, mse
+from torch.profiler import ProfilerActivity, profile
 
 from gradacc_ext.accumulate.accumulator import GradientAccumulator
 from gradacc_ext.accumulate.buffers import ALIGN
 from gradacc_ext.accumulate.checkpoint import STATE_VERSION
 from gradacc_ext.accumulate.config import GradientAccumulationConfig
+from gradacc_ext.ops import reference
 
 F64 = torch.float64
 
@@ -308,3 +311,21 @@ def test_checkpoint_of_version_1_still_loads():
     run(resumed, batches[2:])
     plain_loop(ref, batches, 3)
     assert_params_close(model, ref, F64)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf, 3.0, 0.0])
+def test_reference_norm_makes_no_gradient_sized_temporary(norm_type):
+    """The pure-PyTorch global norm (no extension built, float64 buffers) reduces tensor by tensor: its temporaries
+    stay within two of the largest tensor, not a concatenation of all of them (issue 11)."""
+    g = torch.Generator().manual_seed(8)
+    tensors = [torch.randn(128, 128, generator=g) for _ in range(8)]  # 64 KiB each, 512 KiB in all
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        got = reference.global_norm(tensors, norm_type, False)[0]
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()
+        peak = max(peak, live)
+    assert 0 < peak <= 2 * tensors[0].nbytes + 1024
+    flat = torch.cat([t.reshape(-1) for t in tensors]).double()
+    torch.testing.assert_close(got.double(), torch.linalg.vector_norm(flat, norm_type), rtol=1e-5, atol=0)

@@ -81,6 +81,13 @@ def test_roofline_is_the_fastest_stream_over_every_sample():
     assert not torch.equal(before, roofline.dst) and bool(roofline.dst.isfinite().all())
 
 
+def test_roofline_percent_is_none_above_the_fastest_sample():
+    roofline = timing.Roofline(torch.device("cpu"), 1 << 10, threads=1)
+    roofline.samples = [{"copy_gbps": 8.0, "inplace_gbps": 12.0}, {"copy_gbps": 16.0, "inplace_gbps": 10.0}]
+    assert roofline.percent(4.0) == 25.0 and roofline.percent(16.0) == 100.0  # of the fastest: 16 GB/s
+    assert roofline.percent(16.5) is None  # timed in a quieter moment than every sample: no %
+
+
 def test_counting_ops_prints_nothing_on_stderr(capfd):
     xs = [torch.randn(5) for _ in range(3)]
     count, unit = timing.count_launches(lambda: torch._foreach_add_(xs, 1.0), torch.device("cpu"))

@@ -1,10 +1,10 @@
 """DDP with ddp_reduce="overlap" (DDP's own bucketed reducer over the accumulator's buffers), 2 gloo ranks.
 
 The gathered parameters equal a one-process full-batch loop with L2
-clipping, uneven per-rank token counts, a short last window (closed by
-flush(): the whole-buffer fallback, or by micro_step(last=True): the
-reducer) and an overflow on one rank; bf16 communication stays within
-bf16 rounding of it.
+clipping, uneven per-rank token counts ("sum" mode, and "mean" mode weighted
+by num_items), a short last window (closed by flush(): the whole-buffer
+fallback, or by micro_step(last=True) or acc.iterate(): the reducer) and an
+overflow on one rank; bf16 communication stays within bf16 rounding of it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def build(kind: str, dtype=torch.float64, comm_dtype=None, reduce: str = "overla
     config = GradientAccumulationConfig(
         accumulation_steps=STEPS,
         max_grad_norm=0.5,
-        loss_normalization=kind,
+        loss_normalization="sum" if kind == "sum" else "mean",
         ddp_reduce=reduce,
         comm_dtype=comm_dtype,
         grad_views=grad_views,
@@ -47,8 +47,9 @@ def build(kind: str, dtype=torch.float64, comm_dtype=None, reduce: str = "overla
 
 
 def worker(rank: int, world: int, ckpt: str) -> None:
-    for kind, close, inject in (("sum", "flush", None), ("sum", "last", (4, 0)), ("mean", "last", None)):
-        model, _, sched, acc = build(kind, grad_views=kind == "mean")  # views between micro-steps too
+    cases = (("sum", "flush", None), ("sum", "last", (4, 0)), ("mean", "last", None))
+    for kind, close, inject in (*cases, ("items", "iterate", (1, 1)), ("items", "flush", None)):
+        model, _, sched, acc = build(kind, grad_views=kind != "sum")  # views between micro-steps too
         assert isinstance(acc._sync, DDPOverlapSync)
         run(acc, model, global_batches(kind, world, SEED), rank, close=close, inject=inject)
         assert_params_equal(model.module, reference(kind, world, SEED, None if inject is None else inject[0] // STEPS))

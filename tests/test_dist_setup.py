@@ -94,14 +94,11 @@ def worker(rank: int, world: int) -> None:
     )
 
     x = torch.randn(2, 5, dtype=torch.float64)
-    other = fsdp_model(mesh)  # one accumulator per model
-    weighted = GradientAccumulator(other, sgd(other), config())
-    expect(ValueError, "cannot be weighted", lambda: weighted.backward(other(x).mean(), num_items=2))
     acc = GradientAccumulator(model, sgd(model), config(accumulation_steps=3, fsdp_reduce="window"))
     with acc.micro_step():
         acc.backward(model(x).sum())
     expect(RuntimeError, r"take a mid-window checkpoint.*micro_step\(last=True\)", acc.state_dict)
-    expect(RuntimeError, r"close a short window with flush\(\)", acc.flush)
+    expect(RuntimeError, r"close a short window with flush\(\).*`for batch in acc\.iterate\(loader\):`", acc.flush)
     assert (acc.micro_steps_in_window, acc.optimizer_steps) == (1, 0)  # the errors changed nothing
     with acc.micro_step(last=True):
         assert acc.backward(model(x).sum())

@@ -6,23 +6,20 @@ fibers with real barriers and warp shuffles. The launchers, the chunking, the by
 (both the 32 KB and the 4 KB parameter variants), the vector/scalar paths and the reductions run
 as written; results are compared with the float64 oracle and, element by element, bit for bit with
 the C++ CPU kernels (the same element math). Nothing here says anything about timing, the memory
-model or the compiled SASS: scripts/gpu_verify.sh is the GPU check.
+model or the compiled SASS: scripts/gpu_verify.sh is the GPU check. The norm and clip kernels (float64
+lists included) are in test_emulation_norm_scale.py, the optimizer steps in test_emulation_optim.py.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
-import platform
-import shutil
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from _emulation import HAS_CPU_KERNELS, MARKS, Emulator, assert_matches_cpu_kernels
 from _oracle import (
     ODD_SIZES,
-    assert_bitwise_equal,
     assert_close_list,
     assert_norm_close,
     assert_per_tensor_norms,
@@ -35,42 +32,11 @@ from _oracle import (
 
 import gradacc_ext
 
-sys.path.insert(0, str(Path(__file__).parent / "emulation"))
-import emu_build  # noqa: E402
-from emu import Emulator  # noqa: E402
-
-pytestmark = [
-    pytest.mark.usefixtures("one_cpu_thread"),
-    pytest.mark.skipif(
-        platform.system() != "Linux" or shutil.which("g++") is None, reason="the emulation needs Linux and g++"
-    ),
-    pytest.mark.skipif(
-        not (Path(__file__).resolve().parent.parent / "csrc").is_dir(),
-        reason="needs the source tree's csrc/ (CI's wheel run tests a copy of tests/ alone)",
-    ),
-]
+pytestmark = MARKS
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 PAIRS = [(F32, F32), (F16, F32), (F16, F16), (BF16, F32), (BF16, BF16)]  # (grad, buffer)
 LAYOUTS = ("odd", "unaligned")
-HAS_CPU_KERNELS = gradacc_ext.resolve_backend("cpu")[0] == "ext"
-
-
-@pytest.fixture(scope="session")
-def emulators(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Emulator]:
-    out = tmp_path_factory.mktemp("emulation")
-    return {v: Emulator(emu_build.build(out, v)) for v in emu_build.VARIANTS}
-
-
-@pytest.fixture
-def emu(emulators: dict[str, Emulator]) -> Emulator:
-    return emulators["param32k"]
-
-
-def assert_matches_cpu_kernels(got: list[torch.Tensor], want: list[torch.Tensor], what: str) -> None:
-    """The element results bit for bit equal to the C++ CPU kernels' (shared element math)."""
-    for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        assert_bitwise_equal(g, w, f"{what}[{i}]")
 
 
 # ---- the shim itself -------------------------------------------------------------------------
@@ -81,6 +47,15 @@ def test_shim_detects_a_divergent_barrier(emu: Emulator):
     err = ctypes.create_string_buffer(512)
     rc = emu.lib.emu_selftest_divergent_barrier(ctypes.c_void_p(out.data_ptr()), 512, err, len(err))
     assert rc != 0 and b"never released" in err.value
+
+
+def test_shim_detects_a_misaligned_vector_access(emu: Emulator):
+    data, out = torch.ones(12), torch.zeros(1)  # torch's CPU allocations are 64-byte aligned
+    for offset, ok in [(0, True), (4, True), (1, False), (2, False)]:
+        err = ctypes.create_string_buffer(512)
+        rc = emu.lib.emu_selftest_vector_load(ctypes.c_void_p(data.data_ptr()), offset, ctypes.c_void_p(out.data_ptr()),
+                                               err, len(err))  # fmt: skip
+        assert (rc == 0) == ok and (ok or b"misaligned 16-byte access" in err.value), (offset, err.value)
 
 
 def test_shim_warp_shuffles_and_block_vote(emu: Emulator, gen: torch.Generator):
@@ -155,81 +130,29 @@ def test_accumulate(emu, gen, grad_dtype, buf_dtype, mode, layout):
         assert found.item() == cpu_found.item()
 
 
+@pytest.mark.parametrize("which", ["bufs", "grads"])
+def test_accumulate_with_one_list_misaligned(emu, gen, which):
+    """Either list alone off 16-byte alignment sends the chunk down the scalar path (the shim reports
+    a misaligned 16-byte access as a launch error)."""
+    lists = dict(zip(("bufs", "grads"), make_lists(F16, F32, [8195, 65537], gen), strict=True))
+    lists[which] = rand_list([t.numel() for t in lists[which]], lists[which][0].dtype, "cpu", gen, unaligned=True)
+    bufs, grads = lists["bufs"], lists["grads"]
+    want = [b + 0.5 * g for b, g in zip(f64(bufs), f64(grads), strict=True)]
+    mag = [b.abs() + (0.5 * g).abs() for b, g in zip(f64(bufs), f64(grads), strict=True)]
+    cpu_bufs = [b.clone() for b in bufs]
+    emu.accumulate_(bufs, grads, 0.5)
+    assert_close_list(bufs, want, mag, 2, "bufs")
+    if HAS_CPU_KERNELS:
+        gradacc_ext.accumulate_(cpu_bufs, grads, 0.5, backend="ext")
+        assert_matches_cpu_kernels(bufs, cpu_bufs, "bufs vs CPU kernels")
+
+
 def test_accumulate_final_flags_an_overflow(emu, gen):
     bufs, grads = make_lists(F16, F16, ODD_SIZES, gen)
     grads[5][65536 + 3] = 60000.0  # in tensor 5's second chunk: 2 * 60000 overflows fp16
     found, norm = torch.zeros(1), torch.full((), math.nan)
     emu.accumulate_(bufs, grads, 2.0, final=(None, found, norm, 2.0))
     assert found.item() == 1.0 and math.isinf(norm.item())
-
-
-# ---- global_norm -----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("norm_type", [2.0, math.inf], ids=["l2", "inf"])
-@pytest.mark.parametrize("dtypes", ["float32", "float16", "bfloat16", "mixed"])
-def test_global_norm(emu, gen, dtypes, norm_type, layout):
-    numels = [*ODD_SIZES, 0, 3]
-    dts = random_dtypes(gen, len(numels)) if dtypes == "mixed" else getattr(torch, dtypes)
-    tensors = rand_list(numels, dts, "cpu", gen, unaligned=layout == "unaligned")
-    total, each = emu.global_norm(tensors, norm_type, per_tensor=True)
-    assert_norm_close(total, tensors, norm_type, "total")
-    assert_per_tensor_norms(each, tensors, norm_type)
-
-
-@pytest.mark.parametrize("norm_type", [0.0, 1.0, 3.0, 0.5, -math.inf], ids=lambda p: f"p{p:g}")
-def test_global_norm_any_order(emu, gen, norm_type):
-    """The orders beyond 2 and inf against torch.linalg.vector_norm in float64 (mixed dtypes, unaligned)."""
-    numels = [*ODD_SIZES, 3]
-    tensors = rand_list(numels, random_dtypes(gen, len(numels)), "cpu", gen, unaligned=True)
-    tensors[1][2] = 0.0  # the 0-"norm" counts nonzeros
-    total, each = emu.global_norm(tensors, norm_type, per_tensor=True)
-    x64 = f64(tensors)
-    want_each = torch.stack([torch.linalg.vector_norm(x, norm_type) for x in x64])
-    want = torch.linalg.vector_norm(torch.cat(x64), norm_type)
-    rtol = 0.0 if norm_type in (0.0, -math.inf) else 1e-4  # counts and minima are exact
-    torch.testing.assert_close(total.double(), want, rtol=rtol, atol=0.0)
-    torch.testing.assert_close(each.double(), want_each, rtol=rtol, atol=0.0)
-
-
-# ---- unscale_ / clip_by_norm_ / clip_by_value_ -----------------------------------------------
-
-
-def run_scale(target, tensors, mode, found, total_norm, max_norm, clip):
-    if isinstance(target, Emulator):
-        target.scale_(tensors, mode, inv_scale=torch.full((), 0.125), found_inf=found, total_norm=total_norm,
-                      max_norm=max_norm, eps=1e-6, clip_value=clip)  # fmt: skip
-    elif mode == "unscale":
-        gradacc_ext.unscale_(tensors, torch.full((), 0.125), found, backend="ext")
-    elif mode == "clip_norm":
-        gradacc_ext.clip_by_norm_(tensors, total_norm, max_norm, 1e-6, backend="ext")
-    else:
-        gradacc_ext.clip_by_value_(tensors, clip, backend="ext")
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("mode", ["unscale", "clip_norm", "clip_value"])
-@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=name)
-def test_scale(emu, gen, dtype, mode, layout):
-    tensors = rand_list(ODD_SIZES, dtype, "cpu", gen, unaligned=layout == "unaligned")
-    if mode == "unscale":
-        tensors[3][100] = math.inf  # found_inf must see it; the product stays inf
-    x64 = f64(tensors)
-    total_norm = torch.full((), 4.0 + 8 * torch.rand((), generator=gen).item())
-    max_norm, clip = 1.5, 0.75
-    factor = {"unscale": 0.125, "clip_norm": max_norm / (total_norm.item() + 1e-6), "clip_value": 1.0}[mode]
-    want = [x.clamp(-clip, clip) if mode == "clip_value" else x * factor for x in x64]
-    cpu = [t.clone() for t in tensors]
-    found = torch.zeros(1)
-
-    run_scale(emu, tensors, mode, found, total_norm, max_norm, clip)
-
-    assert_close_list(tensors, want, [x.abs() for x in x64], 3, mode)
-    assert found.item() == (1.0 if mode == "unscale" else 0.0)
-    if HAS_CPU_KERNELS:
-        run_scale("ext", cpu, mode, torch.zeros(1), total_norm, max_norm, clip)
-        assert_matches_cpu_kernels(tensors, cpu, f"{mode} vs CPU kernels")
 
 
 # ---- many tensors: the metadata split over several launches ----------------------------------

@@ -1,11 +1,13 @@
 """FSDP2 (fully_shard) and HSDP on CPU/gloo, real processes: gathered parameters equal a one-process full-batch loop.
 
 Each launch runs several cases in one process group (the machine is small):
-L2 clipping, uneven per-rank token counts (sum mode), a short last window
-(flush() or micro_step(last=True)), and an overflow injected on one rank,
-which must make every rank skip that window. The window ends in the fused
-tail (fused_step="auto") unless a case says otherwise; float32 cases compare
-it with the plain tail, float64 ones take its unscale and clip passes.
+L2 clipping, uneven per-rank token counts (sum mode), "mean" mode weighted
+by uneven per-rank, per-micro-batch num_items (kind "items"), a short last
+window (flush(), micro_step(last=True) or acc.iterate(loader)), and an
+overflow injected on one rank, which must make every rank skip that window.
+The window ends in the fused tail (fused_step="auto") unless a case says
+otherwise; float32 cases compare it with the plain tail, float64 ones take its
+unscale and clip passes.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def build(mesh, kind: str, reduce: str, norm_type: float = 2.0, fused_step="auto
         accumulation_steps=STEPS,
         max_grad_norm=0.5,
         norm_type=norm_type,
-        loss_normalization=kind,
+        loss_normalization="sum" if kind == "sum" else "mean",
         fsdp_reduce=reduce,
         fused_step=fused_step,
     )
@@ -86,15 +88,19 @@ def assert_tail(acc, fused: bool, windows: int = 3) -> None:
 
 
 def run(acc, model, batches, rank, *, close: str, inject=None, start: int = 0, stop: int = MICRO) -> None:
-    """Micro-batches start..stop; inject=(i, r): rank r's loss of micro-batch i becomes non-finite."""
-    for i in range(start, stop):
+    """Micro-batches start..stop; inject=(i, r): rank r's loss of micro-batch i becomes non-finite.
+
+    close: how the short last window closes: "flush", "last" (micro_step(last=True)), "iterate"
+    (acc.iterate over the micro-batches, then a flush() that must find nothing left), "none".
+    """
+    for i in acc.iterate(range(start, stop)) if close == "iterate" else range(start, stop):
         with acc.micro_step(last=close == "last" and i == MICRO - 1):
             loss, items = loss_and_items(model, shard(batches[i], rank))
             if inject == (i, rank):
                 loss = loss * float("inf")
             acc.backward(loss, num_items=items)
-    if close == "flush" and stop == MICRO:
-        acc.flush()
+    if close in ("flush", "iterate") and stop == MICRO:
+        assert acc.flush() == (close == "flush")
 
 
 def check_cases(rank: int, world: int, mesh, cases) -> None:
@@ -136,9 +142,9 @@ def check_fused_tail(rank: int, world: int, mesh, cases, make=make_model) -> Non
 def fsdp_worker(rank: int, world: int, ckpt: str) -> None:
     mesh = init_device_mesh("cpu", (world,))
     cases = [("sum", "micro_step", "flush", None), ("sum", "window", "last", (4, 1))]
-    check_cases(
-        rank, world, mesh, [*cases, ("mean", "micro_step", "last", (1, 0)), ("sum", "micro_step", "last", None, inf)]
-    )
+    cases += [("mean", "micro_step", "last", (1, 0)), ("sum", "micro_step", "last", None, inf)]
+    cases += [("items", "micro_step", "flush", (4, 0)), ("items", "window", "iterate", None)]  # mean + num_items
+    check_cases(rank, world, mesh, cases)
     check_fused_tail(rank, world, mesh, [("sum", "micro_step", "flush", (4, 1)), ("mean", "window", "last", (1, 0))])
     empty = [p.to_local().numel() == 0 for p in fsdp_model(mesh, make=bottleneck_model).parameters()]
     assert any(empty) is (rank == 1)
@@ -209,12 +215,14 @@ def test_fsdp2_two_ranks_modes_mixed_precision_and_resume(tmp_path):
 
 def hsdp_worker(rank: int, world: int) -> None:
     mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
-    check_cases(rank, world, mesh, [("sum", "micro_step", "last", (4, 3)), ("mean", "window", "last", None)])
+    cases = [("sum", "micro_step", "last", (4, 3)), ("mean", "window", "last", None)]
+    cases += [("items", "micro_step", "iterate", None), ("items", "window", "last", None)]  # mean + num_items
+    check_cases(rank, world, mesh, cases)
     check_fused_tail(rank, world, mesh, [("sum", "micro_step", "last", (4, 3))])
     model, _, _, acc = build(mesh, "mean", "micro_step")
     batches = global_batches("mean", world, SEED)
     run(acc, model, batches, rank, close="none", stop=2)
-    with pytest.raises(RuntimeError, match=r"micro_step\(last=True\)"):
+    with pytest.raises(RuntimeError, match=r"for batch in acc\.iterate\(loader\):.*micro_step\(last=True\)"):
         acc.flush()
     dist.barrier()  # every rank raised before any collective: the group is still in step
 

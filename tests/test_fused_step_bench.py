@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from gradacc_ext.benchmarking.report import OVER_ROOFLINE
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 pytestmark = pytest.mark.skipif(
     not (BENCHMARKS / "fused_step.py").exists(),
@@ -27,8 +29,9 @@ def test_fused_step_benchmark_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     argv = ["fused_step.py", "--scale", "0.005", "--repeats", "1", "--no-compile", "--out", str(out)]
     monkeypatch.setattr(sys, "argv", argv)
     fused_step.main()
-    rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and "---" not in line]
-    cells = {row.split("|")[1].strip(): [c.strip() for c in row.strip("|").split("|")][1:] for row in rows[1:-1]}
+    text = out.read_text().splitlines()
+    rows = [line for line in text if line.startswith("| ") and "---" not in line]
+    cells = {row.split("|")[1].strip(): [c.strip() for c in row.strip("|").split("|")][1:] for row in rows[1:]}
     assert list(cells) == [
         "gradacc fused step",
         "gradacc tail + torch fused AdamW",
@@ -37,7 +40,10 @@ def test_fused_step_benchmark_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     ]
     for name, row in cells.items():
         assert len(row) == 7 and all(row), name
+        # % of the harness's roofline (gradacc bench's), or the harness's mark for a cell above it
+        assert row[4] == OVER_ROOFLINE or 0 <= float(row[4].rstrip("%")) <= 100, row[4]
         assert float(row[5]) >= 0 and float(row[6]) >= 0  # peak MiB, peak B/param
+    assert any(line.startswith("Roofline: ") and " GB/s, the fastest call of two fp32 streams" in line for line in text)
     # AdamW(foreach) holds sqrt(exp_avg_sq) for every param at once: 4 B/param; our fused step allocates only
     # a few 0-d tensors (the clip coefficient), a few hundredths of a byte per param at this tiny scale
     assert 3.99 <= float(cells["torch eager (foreach)"][6]) < 4.1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _optim_inputs import StepInputs, make_inputs, torch_optimizer
+from _optim_inputs import ADAM_CONFIGS, SGD_CONFIGS, StepInputs, make_inputs, torch_optimizer
 from _oracle import ODD_SIZES, assert_bits_unchanged, assert_close, small_sizes, snapshot
 
 import gradacc_ext
@@ -13,18 +13,6 @@ from gradacc_ext.ops import adamw_step_, sgd_step_
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 F64, F32 = torch.float64, torch.float32
-SGD_CONFIGS = {
-    "plain": {},
-    "momentum": {"momentum": 0.9},
-    "damped_decay": {"momentum": 0.8, "dampening": 0.3, "weight_decay": 0.05},
-    "nesterov_max": {"momentum": 0.9, "nesterov": True, "maximize": True, "weight_decay": 0.01},
-}
-ADAM_CONFIGS = {
-    "plain": {},
-    "amsgrad": {"amsgrad": True, "weight_decay": 0.1},
-    "maximize": {"maximize": True, "betas": (0.6, 0.95)},
-    "beta1_large": {"amsgrad": True, "betas": (0.3, 0.5), "eps": 1e-3},  # lerp's second branch
-}
 
 
 def run_adamw(x: StepInputs, backend: str, lr, **kw) -> None:

@@ -10,7 +10,8 @@
 The accumulator runs micro-steps; collaborators do the rest: GradBuffers (the window's gradient SUM),
 GradHooks (folds gradients into it in buckets while backward runs), Window (normaliser, weights),
 WindowEnd (normalise, unscale, check, clip) with OptimizerStepper (step, deferred scheduler step),
-Checkpoint and StatsReport; the read side and state_dict() are mixins (observing.py, checkpoint.py).
+Checkpoint and StatsReport; one backward into the window, the read side and state_dict() are mixins
+(backprop.py, observing.py, checkpoint.py).
 It owns hooks on its parameters: use it as a context manager or call close() (garbage collection
 removes them too). Two-phase construction: __init__ keeps the config, _attach() does everything that
 needs the model and optimizer: GradientAccumulator(config), the guides' form, is attached later by
@@ -20,14 +21,14 @@ attach(model, optimizer).
 from __future__ import annotations
 
 import contextlib
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
 from ..distributed.failures import told_to_peers
 from ..distributed.grad_sync import grad_sync_for
+from .backprop import AccumulatorBackprop
 from .buffers import GradBuffers
 from .checkpoint import AccumulatorCheckpointing, Checkpoint
 from .config import GradientAccumulationConfig
@@ -43,9 +44,10 @@ from .window import Window, check_loss
 from .window_end import WindowEnd
 
 LossFn = Callable[[Any, Any], "torch.Tensor | tuple[torch.Tensor, int | torch.Tensor]"]
+_END = object()  # iterate(): past the loader's last batch
 
 
-class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
+class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, AccumulatorCheckpointing):
     """Runs micro-batches and steps the optimizer (and scheduler) once per window.
 
     GradientAccumulator(model, optimizer, config, scheduler=None, scaler=None),
@@ -75,6 +77,7 @@ class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
         self.attached = False
         self._in_micro_step = False
         self._closing = False  # micro_step(last=True): this micro-batch closes the window
+        self._data_ends = False  # iterate(): the batch it yielded is the loader's last
         self._backward_done = False
         self._last_backpropagated: torch.Tensor | None = None
         if model_or_params is not None or optimizer is not None:
@@ -131,7 +134,7 @@ class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
         self.device = self._buffers.device
         self._loss_scale = LossScale.for_config(c, scaler, self.device)
         self.stats = AccumulatorStats(self.device, c.grad_norm_history, c.track_memory)
-        self._window = Window(c.loss_normalization, self.device, weighting_allowed=self._sync.weights_micro_batches)
+        self._window = Window(c.loss_normalization, self.device)
         self._stepper = OptimizerStepper(optimizer, scheduler, c.skip_nonfinite, self.stats)
         self._end = WindowEnd(c, self._buffers, self._sync, self._loss_scale, self._stepper, self.stats)
         self._checkpoint = Checkpoint(c, self._window, self._buffers, self.stats, self._loss_scale, self._stepper)
@@ -160,15 +163,29 @@ class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
     @property
     def sync_gradients(self) -> bool:
         """True when the next backward closes the window (Accelerate's name)."""
-        return self._window.micro + 1 == self.accumulation_steps
+        return self._data_ends or self._window.micro + 1 == self.accumulation_steps
+
+    def iterate(self, loader: Iterable) -> Iterator[Any]:
+        """Yields the loader's batches, fetching one ahead (Accelerate's end_of_dataloader): the last batch's
+        micro-step closes the window as micro_step(last=True) does, so the short last window needs no flush()."""
+        batches = iter(loader)
+        ahead = next(batches, _END)
+        try:
+            while ahead is not _END:
+                batch, ahead = ahead, next(batches, _END)
+                self._data_ends = ahead is _END
+                yield batch
+        finally:
+            self._data_ends = False
 
     @contextlib.contextmanager
     def micro_step(self, last: bool = False) -> Iterator[GradientAccumulator]:
         """Run one micro-batch's forward and backward() inside: enters DDP's no_sync and the configured autocast.
 
         last=True: this micro-batch closes the window even if it is short (the
-        data's last batch); needed instead of flush() under HSDP and FSDP2's
-        "window" mode, where only a synced backward releases FSDP's sums.
+        data's last batch; iterate() sets this for the loader's last batch);
+        needed instead of flush() under HSDP and FSDP2's "window" mode, where
+        only a synced backward releases FSDP's sums.
         If the body raises, the partial gradients of that micro-batch are dropped
         and the window is left as it was before it. Data-parallel: an OOM here fails
         every rank with a clear error (distributed/failures.py).
@@ -215,58 +232,6 @@ class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
         with told_to_peers(self._sync.reduces and not self._in_micro_step):  # inside one, micro_step() tells
             return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=True)
 
-    def _backprop(
-        self,
-        loss: torch.Tensor,
-        weight: float | torch.Tensor,
-        count: float | torch.Tensor,
-        *,
-        weighted: bool,
-        completes_micro_batch: bool,
-    ) -> bool:
-        """Backward of one micro-batch or of one part of it (the adaptive accumulator's splits).
-
-        weight multiplies this part's gradient and count is its share of the
-        window's normaliser; only the part that completes a micro-batch counts
-        as a micro-step, and only it can close the window.
-        """
-        final = completes_micro_batch and (self._closing or self._window.micro + 1 == self.accumulation_steps)
-        scaled = self._loss_scale.scale(loss) if self._loss_scale is not None else loss
-        # False: the wrapper reduces straight into the buffers (DDP overlap's closing backward); no folding.
-        folds = self._sync.before_backward(final, self._buffers)
-        if folds:
-            self._hooks.arm(weight)
-        try:
-            # Backward runs outside autocast (torch's recommendation); ops reuse the forward's dtypes.
-            with torch.autocast(self.device.type, enabled=False):
-                scaled.reshape(()).backward()
-            self._hooks.finish() if folds else self._drop_grads()
-        except BaseException:
-            self._abort_backward(undoable=folds)
-            raise
-        self._window.commit(weighted, count)
-        self._last_backpropagated = scaled.detach()
-        self._backward_done = True
-        if completes_micro_batch:
-            self._window.micro += 1
-            self.stats.micro_step()
-        if final:
-            self._end.close(self._window)
-        return final
-
-    def _abort_backward(self, undoable: bool = True) -> None:
-        """A failed backward: undo what it folded, or discard the window when that cannot be exact."""
-        self._drop_grads()
-        if not self._hooks.abort() or not undoable:
-            self._buffers.release()
-            self._window.reset()
-            warnings.warn(
-                "GradientAccumulator: a backward failed after part of its gradient was added to the window's sums; "
-                "the open window was discarded (the next micro-batch starts a new one)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-
     def step_batch(self, batch: Any, loss_fn: LossFn) -> bool:
         """One micro-batch through a callable: loss_fn(model, batch) -> loss or (loss, num_items)."""
         with self.micro_step():
@@ -300,7 +265,3 @@ class GradientAccumulator(AccumulatorObserving, AccumulatorCheckpointing):
             raise RuntimeError("GradientAccumulator.discard_window: called inside micro_step()")
         self._buffers.release()
         self._window.reset()
-
-    def _drop_grads(self) -> None:
-        for p in self.params:
-            p.grad = None

@@ -91,7 +91,8 @@ class GradientAccumulationConfig:
         plain sum of the micro-batch gradients, nothing more is divided.
     Steps
       skip_nonfinite: skip the optimizer (and scheduler) step when the
-        accumulated gradient holds inf/NaN. Always on for fp16. Costs one host
+        accumulated gradient holds inf/NaN or its norm is not finite (an fp32 L2
+        norm overflows from 2**64; README). Always on for fp16. Costs one host
         sync per window unless the optimizer is fused (then none).
       fused_step: "auto" (default) ends each window with one fused optimizer pass
         (gradacc's adamw_step_/sgd_step_) when the optimizer allows it
@@ -104,10 +105,13 @@ class GradientAccumulationConfig:
       track_memory: record CUDA peak memory per step (host counters, no sync).
     Memory (see README's memory model)
       bucket_size_bytes: gradients are folded into the buffers during backward
-        whenever this many bytes of them are queued (default 25 MiB, DDP's
-        bucket_cap_mb: a few launches per backward for GPT-2-sized models
-        while holding at most one bucket, about 5% of GPT-2 small's fp32
-        gradients, beyond the buffers);
+        whenever this many bytes of them are queued. Default 1: every gradient
+        is folded the moment autograd produces it, so nothing is held beside
+        the buffers but that gradient, as in the plain loop (which holds it
+        while autograd adds it into .grad): a window never holds more
+        gradient memory than the loop it replaces. Larger values (e.g. 25 MiB,
+        DDP's bucket_cap_mb) batch the folds into fewer launches and hold up
+        to one bucket more;
       release_buffers: free the buffers after every optimizer step, for
         activations (re-created, without a zeroing pass, by the next window);
       grad_views: between micro-steps of a window, make param.grad a view of
@@ -145,7 +149,7 @@ class GradientAccumulationConfig:
     fused_step: bool | str = "auto"
     grad_norm_history: int = 1000
     track_memory: bool = True
-    bucket_size_bytes: int = 25 * 1024 * 1024
+    bucket_size_bytes: int = 1  # fold each gradient as it arrives: no queue beside the buffers
     release_buffers: bool = False
     grad_views: bool = False
     backend: str = "auto"

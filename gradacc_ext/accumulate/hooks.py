@@ -9,7 +9,10 @@ launch (on CUDA, on the current stream, so it overlaps the rest of backward).
 What is left queued is folded when backward returns, and so is any gradient
 that a backward outside the accumulator left in param.grad (it is counted in
 this micro-step). Peak gradient memory in backward is therefore the buffers
-plus about one bucket, instead of the buffers plus a full set of gradients.
+plus the gradient autograd just produced (the default bucket_bytes=1 folds
+each one at once: the plain loop holds that gradient too, while adding it
+into .grad) or plus about one bucket, instead of the buffers plus a full set
+of gradients.
 
 With config.grad_views, parameters whose gradient dtype is their buffer's
 get param.grad as a view of the buffer after their first micro-step, and

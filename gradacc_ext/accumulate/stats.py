@@ -27,7 +27,8 @@ class StepInfo:
 
     step: windows closed so far (this one included); micro_steps: micro-batches
     in this window; grad_norm: the accumulated gradient's norm before clipping;
-    found_inf: 1.0 if it held inf/NaN (the step was skipped); loss_scale: the
+    found_inf: 1.0 if it held inf/NaN or its norm was not finite (the step was
+    skipped with skip_nonfinite); loss_scale: the
     fp16 scale used in the window, else None; items: the window's normaliser
     (micro-batch or item count across ranks); time_s: host seconds since the
     previous window ended.

@@ -17,11 +17,9 @@ import torch
 class Window:
     """Micro-step count and normaliser of the open window, and the weight of each micro-step."""
 
-    def __init__(self, loss_normalization: str, device: torch.device, *, weighting_allowed: bool = True) -> None:
+    def __init__(self, loss_normalization: str, device: torch.device) -> None:
         self.mode = loss_normalization
         self.device = device
-        # FSDP2/HSDP and DDP's overlap reduce gradients before they reach the buffers: no weighting in "mean" mode.
-        self._weighting_allowed = weighting_allowed
         self.reset()
 
     def reset(self) -> None:
@@ -55,12 +53,6 @@ class Window:
             raise ValueError(
                 "GradientAccumulator.backward: num_items must be given for every micro-batch of a "
                 "window or for none (it was omitted earlier in this window)"
-            )
-        if not self._weighting_allowed and self.mode == "mean":
-            raise ValueError(
-                "GradientAccumulator.backward: with FSDP2/HSDP or ddp_reduce='overlap', gradients are reduced across "
-                "ranks before the accumulator sees them, so micro-batches cannot be weighted; use "
-                "loss_normalization='sum' with num_items, or omit num_items"
             )
         if isinstance(num_items, torch.Tensor):
             if num_items.numel() != 1 or num_items.is_complex() or num_items.dtype == torch.bool:
@@ -110,6 +102,20 @@ class Window:
         count_dev = state["count_dev"]
         self.count_dev = None if count_dev is None else count_dev.to(self.device, torch.float64)
         self.weighted = state["weighted"]
+
+
+def weigh_loss(loss: torch.Tensor, weight: float | torch.Tensor) -> torch.Tensor:
+    """loss * weight, for wrappers that reduce gradients inside backward (FSDP2/HSDP, DDP overlap).
+
+    They sum each micro-step's gradient over ranks before the accumulator's
+    hooks see it, so a per-rank weight must already be in the loss: what they
+    reduce is then the weighted sum over ranks, as in "sum" mode. Computed in
+    at least fp32: an fp16 loss times an item count can overflow.
+    """
+    dtype = torch.promote_types(loss.dtype, torch.float32)
+    if isinstance(weight, torch.Tensor):
+        weight = weight.to(dtype).reshape(loss.shape)
+    return loss.to(dtype) * weight
 
 
 def check_loss(loss: object) -> None:

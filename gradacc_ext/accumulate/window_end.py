@@ -49,6 +49,16 @@ class WindowEnd:
             denominator = denominator * self.loss_scale.tensor(self.device).to(torch.float64).reshape(1)
         return (1.0 / denominator).to(self.scalar_dtype)
 
+    def _global_norm(self, norm: torch.Tensor, found_inf: torch.Tensor, norm_type: float) -> None:
+        """The window's norm and found_inf across shards; a non-finite norm sets found_inf, in both tails.
+
+        A norm past the float range from finite values (fp32 L2: >= 2**64) would clip by 0, as in torch:
+        a step that applies none of the gradient but still moves the params by momentum and weight decay.
+        It is skipped instead, like an inf/NaN element (skip_nonfinite; README "The fused window tail").
+        """
+        self.sync.global_norm(norm, found_inf, norm_type)  # sharded buffers: norm across shards
+        found_inf.copy_(found_inf.logical_or(~norm.isfinite().reshape(found_inf.shape)))
+
     def close(self, window: Window) -> None:
         """Applies `window` (its gradients all folded into the buffers) and starts the next one."""
         c, b = self.config, self.buffers
@@ -60,11 +70,11 @@ class WindowEnd:
         inv_scale = self._inv_scale(count)
         scale = self.loss_scale.tensor(self.device).clone() if self.loss_scale is not None else None
         if self.tail is not None:
-            mult = self.tail.finish(c, inv_scale, self.found_inf, self.norm, self.sync.global_norm)
+            mult = self.tail.finish(c, inv_scale, self.found_inf, self.norm, self._global_norm)
             self.stepper.step(self.found_inf, run=lambda found_inf: self.tail.step(mult, found_inf))
         else:
             b.finish(inv_scale, self.found_inf, self.norm, c.norm_type)
-            self.sync.global_norm(self.norm, self.found_inf, c.norm_type)  # sharded buffers: norm across shards
+            self._global_norm(self.norm, self.found_inf, c.norm_type)
             b.clip(self.norm, c.max_grad_norm, c.clip_value)
             b.expose()
             self.stepper.step(self.found_inf)

@@ -234,10 +234,7 @@ def _run(config: BenchConfig, log: Log) -> dict:
     roofline.free()
     for cell in cells:
         if "gbps" in cell:
-            pct = 100.0 * cell["gbps"] / roofline.gbps
-            # Above the roofline, the cell was timed in a quieter moment than every stream sample: its
-            # figure measures the machine's load, not the op. Kept in the JSON (gbps), not shown as a %.
-            cell["pct_copy"] = pct if pct <= 100.0 else None
+            cell["pct_copy"] = roofline.percent(cell["gbps"])  # None above it: kept in the JSON as gbps
     meta["run_s"] = time.perf_counter() - t0
     meta["load_average_end"] = os.getloadavg()
     return {

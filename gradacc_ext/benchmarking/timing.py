@@ -174,6 +174,12 @@ class Roofline:
     def gbps(self) -> float:
         return max(max(sample.values()) for sample in self.samples)
 
+    def percent(self, gbps: float) -> float | None:
+        """gbps as a % of the roofline; None above 100: that cell was timed in a quieter moment than
+        every sample, so its figure measures the machine's load, not the op."""
+        pct = 100.0 * gbps / self.gbps
+        return pct if pct <= 100.0 else None
+
     def free(self) -> None:
         self.src = self.dst = torch.empty(0)
 

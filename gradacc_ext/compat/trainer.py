@@ -16,7 +16,8 @@ from .manager import build_accumulator
 class GradientAccumulationTrainer:
     """Trains `model` on `train_loader` batches of (inputs, targets); loss_fn(outputs, targets) is a mean
     loss (default: cross-entropy, as the guides' criterion). Micro-batches are weighted by their size, so
-    a short last batch counts for what it holds; every epoch ends with flush() (its short last window)."""
+    a short last batch counts for what it holds; an epoch's last batch closes its short last window
+    (acc.iterate, so no flush() is needed: FSDP2 "window" mode and HSDP cannot flush)."""
 
     def __init__(
         self,
@@ -49,9 +50,8 @@ class GradientAccumulationTrainer:
         acc = self.accumulator
         self._loss_sum, self._items = torch.zeros((), device=acc.device), 0
         steps_before = acc.optimizer_steps
-        for batch in self.train_loader:
+        for batch in acc.iterate(self.train_loader):  # the last batch closes the short last window
             acc.step_batch(batch, self._loss)
-        acc.flush()
         return {
             "epoch": epoch,
             "train_loss": float(self._loss_sum / max(self._items, 1)),

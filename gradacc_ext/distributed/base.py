@@ -36,7 +36,7 @@ class LocalSync:
 
     needs_context = False  # forward and backward must run inside micro_step()
     reduces = False  # the accumulator sums buffers and counts across ranks itself
-    weights_micro_batches = True  # False: gradients are reduced before the accumulator sees them
+    weights_micro_batches = True  # False: reduced in backward, before the hooks: weights go into the loss
     splits_alone = True  # no collective inside a micro-step: ranks may split a micro-batch differently (adaptive)
     name = "local"
 

@@ -16,7 +16,9 @@ communicate in bf16 while the buffers stay fp32. A short window closed
 by flush() had no synced backward and falls back to the buffer reduce.
 
 Either way the count is all-reduced too, so uneven per-rank num_items
-give the exact global mean.
+give the exact global mean. In "overlap" mode, "mean" mode's per-micro-batch
+num_items weights go into each loss (window.weigh_loss), since the reducer
+sums the closing gradient before any hook could weight it.
 """
 
 from __future__ import annotations
@@ -36,14 +38,24 @@ if TYPE_CHECKING:
     from ..accumulate.buffers import GradBuffers
 
 
-def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None, comm_dtype: torch.dtype | None) -> None:
-    """tensor = its SUM over the group, sent in comm_dtype when given (then rounded once on the way)."""
+def all_reduce_sum(
+    tensor: torch.Tensor, group: dist.ProcessGroup | None, comm_dtype: torch.dtype | None, chunk: int
+) -> None:
+    """tensor = its SUM over the group, sent in comm_dtype when given (then rounded once on the way).
+
+    The comm_dtype copy is made `chunk` elements at a time into one reused
+    buffer: a copy of the whole flat buffer would be a temporary of half the
+    window's gradient (bf16) beside it, more than the plain loop ever holds.
+    """
     if comm_dtype is None or comm_dtype == tensor.dtype:
         dist.all_reduce(tensor, group=group)
         return
-    low = tensor.to(comm_dtype)
-    dist.all_reduce(low, group=group)
-    tensor.copy_(low)
+    low = torch.empty(min(chunk, tensor.numel()), dtype=comm_dtype, device=tensor.device)
+    for part in tensor.split(chunk):
+        piece = low[: part.numel()]
+        piece.copy_(part)
+        dist.all_reduce(piece, group=group)
+        part.copy_(piece)
 
 
 class DDPSync(LocalSync):
@@ -61,8 +73,11 @@ class DDPSync(LocalSync):
 
     def reduce(self, buffers: GradBuffers, count: torch.Tensor) -> None:
         buffers.include_all()
+        # Chunks of the largest gradient: the temporary stays below what the plain loop holds in flight
+        # while autograd adds that gradient into .grad.
+        chunk = max([1, *(t.numel() for t in buffers.layout)])
         for flat in buffers.flats.values():
-            all_reduce_sum(flat, self.group, self.comm_dtype)
+            all_reduce_sum(flat, self.group, self.comm_dtype, chunk)
         dist.all_reduce(count, group=self.group)
 
     def wrap_state(self, state: dict[str, Any], buffers: GradBuffers) -> dict[str, Any]:

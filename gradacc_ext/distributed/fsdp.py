@@ -21,9 +21,15 @@ set_requires_all_reduce(False); "window" defers both.
 
 In every mode but FSDP "micro_step", FSDP holds reduced-but-unfinished
 sums between micro-steps that only a synced backward releases: a short
-last window must then be closed by marking its last micro-batch
-(`acc.micro_step(last=True)`), not by flush(), and a checkpoint must be
-taken at a window boundary. Both are checked, with a clear error.
+last window must then be closed by its last micro-batch (`acc.iterate(loader)`
+marks it, or `acc.micro_step(last=True)`), not by flush(), and a checkpoint
+must be taken at a window boundary. Both are checked, with a clear error.
+
+"mean" mode with num_items: FSDP reduces each backward's gradient before
+the accumulator's hooks see it, so the accumulator multiplies each
+micro-batch's loss by its num_items instead (window.weigh_loss): FSDP then
+sums item-weighted gradients, and the division by the global item count is
+the same as in "sum" mode.
 
 The global norm: each rank's norm over its shards is squared (or kept,
 for inf) and one all-reduce over the shard group (SUM, or MAX for inf)
@@ -51,7 +57,7 @@ if TYPE_CHECKING:
 
 class FSDP2Sync(LocalSync):
     reduces = True
-    weights_micro_batches = False  # FSDP reduces each micro-step's gradient before the accumulator sees it
+    weights_micro_batches = False  # FSDP reduces each micro-step's gradient before the hooks see it
     splits_alone = False  # forward/backward run collectives: a rank splitting alone would desync them
 
     def __init__(self, model: torch.nn.Module, params: Sequence[torch.nn.Parameter], mode: str, hsdp: bool) -> None:
@@ -95,14 +101,20 @@ class FSDP2Sync(LocalSync):
 
     def before_finish(self) -> None:
         if self._held:
-            raise RuntimeError(self._held_message("close a short window with flush()"))
+            raise RuntimeError(
+                self._held_message(
+                    "close a short window with flush()",
+                    "let the data's last micro-batch close it: loop with `for batch in acc.iterate(loader):` (it "
+                    "knows the last batch ahead; a flush() after the loop is then a no-op), or run the last batch "
+                    "in `with acc.micro_step(last=True):`",
+                )
+            )
 
-    def _held_message(self, what: str) -> str:
+    def _held_message(self, what: str, fix: str) -> str:
         return (
             f"GradientAccumulator: cannot {what} here: with {self.name} and fsdp_reduce={self.mode!r}, FSDP still "
-            "holds this window's partly reduced gradients, which only a synced backward releases; mark the last "
-            "micro-batch with `with acc.micro_step(last=True):` (it closes the window), act at a window boundary, "
-            "or use fully_shard on a 1-D mesh with fsdp_reduce='micro_step'"
+            f"holds this window's partly reduced gradients, which only a synced backward releases; {fix}; or use "
+            "fully_shard on a 1-D mesh with fsdp_reduce='micro_step'"
         )
 
     def reduce(self, buffers: GradBuffers, count: torch.Tensor) -> None:
@@ -121,7 +133,13 @@ class FSDP2Sync(LocalSync):
     def wrap_state(self, state: dict[str, Any], buffers: GradBuffers) -> dict[str, Any]:
         """The window's sums as DTensors sharded like the parameters, per-rank counts as rows."""
         if self._held:
-            raise RuntimeError(self._held_message("take a mid-window checkpoint"))
+            raise RuntimeError(
+                self._held_message(
+                    "take a mid-window checkpoint",
+                    "checkpoint at a window boundary (after a backward() that returned True, or after the data's "
+                    "last micro-batch ran in `with acc.micro_step(last=True):`)",
+                )
+            )
         grads, seen = dense_grads(state, buffers)
         out = pack_counts(state, self.mesh, buffers.device)
         out["buffers"] = {"grads": {str(i): self.param_grad(i, g) for i, g in enumerate(grads)}, "seen": seen}

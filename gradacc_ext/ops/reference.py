@@ -48,23 +48,23 @@ def accumulate_(
 
 
 def _norm_of(values: Sequence[torch.Tensor], norm_type: float, dtype: torch.dtype, device: torch.device):
+    # One partial result per tensor, then combined: concatenating the tensors (and squaring the
+    # concatenation) would put gradient-sized temporaries beside the buffers at every window end.
+    values = [v.reshape(-1) for v in values if v.numel()]
     if not values:
-        return torch.zeros((), dtype=dtype, device=device)
-    flat = torch.cat([v.reshape(-1).to(dtype) for v in values])
-    if flat.numel() == 0:
         return torch.zeros((), dtype=dtype, device=device)
     # amax/amin drop no NaN: a NaN anywhere makes the norm NaN, like the kernels.
     if norm_type == math.inf:
-        return flat.abs().amax()
+        return torch.stack([v.to(dtype).abs().amax() for v in values]).amax()
     if norm_type == -math.inf:
-        return flat.abs().amin()
-    if norm_type == 0:
-        return (flat != 0).sum().to(dtype)  # NaN != 0 counts, as in torch.linalg.vector_norm
+        return torch.stack([v.to(dtype).abs().amin() for v in values]).amin()
+    if norm_type == 0:  # NaN counts as nonzero, as in torch.linalg.vector_norm (and no int64 copy of a mask)
+        return torch.stack([torch.count_nonzero(v) for v in values]).sum().to(dtype)
     if norm_type == 1:
-        return flat.abs().sum()
+        return torch.stack([v.to(dtype).abs().sum() for v in values]).sum()
     if norm_type == 2:
-        return flat.square().sum().sqrt()
-    return flat.abs().pow(norm_type).sum().pow(1.0 / norm_type)
+        return torch.stack([v.to(dtype).square().sum() for v in values]).sum().sqrt()
+    return torch.stack([v.to(dtype).abs().pow(norm_type).sum() for v in values]).sum().pow(1.0 / norm_type)
 
 
 def accumulate_final_(

@@ -1,4 +1,6 @@
-"""ctypes front end of the emulated CUDA launchers (emu_ops.cpp): torch CPU tensors in, the device code run."""
+"""ctypes front end of the emulated CUDA launchers (emu_ops.cpp, emu_optim.cpp): torch CPU tensors in, the
+device code run. The optimizer steps take the positional arguments of the ops (gradacc::adamw_step_,
+sgd_step_), so one argument tuple serves the emulation, the CPU kernels and the float64 reference."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}  # gradacc::DType
 SCALE_MODES = {"unscale": 0, "clip_norm": 1, "clip_value": 2}  # gradacc::ScaleMode
 _FLOAT_P = ctypes.POINTER(ctypes.c_float)
+_VOID_P = ctypes.c_void_p
 
 
 class _Span(ctypes.Structure):
@@ -20,6 +23,10 @@ class _Span(ctypes.Structure):
 
 def _spans(tensors: Sequence[torch.Tensor]) -> ctypes.Array:
     return (_Span * max(len(tensors), 1))(*[_Span(t.data_ptr(), t.numel(), DTYPE_CODES[t.dtype]) for t in tensors])
+
+
+def _any_ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 def _ptr(t: torch.Tensor | None) -> ctypes._Pointer | None:
@@ -45,17 +52,25 @@ class Emulator:
             _FLOAT_P, _FLOAT_P, _FLOAT_P, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
         ]  # fmt: skip
         self.lib.emu_norm.argtypes = [
-            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double, _FLOAT_P, _FLOAT_P, ctypes.c_char_p,
+            _VOID_P, ctypes.c_int64, ctypes.c_int, ctypes.c_double, ctypes.c_int, _VOID_P, _VOID_P, ctypes.c_char_p,
             ctypes.c_size_t,
         ]  # fmt: skip
         self.lib.emu_scale.argtypes = [
-            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, _FLOAT_P, _FLOAT_P, _FLOAT_P, ctypes.c_float,
-            ctypes.c_float, ctypes.c_float, ctypes.c_char_p, ctypes.c_size_t,
+            _VOID_P, ctypes.c_int64, ctypes.c_int, _FLOAT_P, _FLOAT_P, _VOID_P, ctypes.c_int, ctypes.c_double,
+            ctypes.c_double, ctypes.c_double, ctypes.c_char_p, ctypes.c_size_t,
+        ]  # fmt: skip
+        self.lib.emu_optim_step.argtypes = [
+            ctypes.c_int, _VOID_P, _VOID_P, _VOID_P, ctypes.c_int64, _VOID_P, ctypes.c_int, ctypes.c_int, _FLOAT_P,
+            _FLOAT_P, _FLOAT_P, ctypes.c_int, ctypes.c_int64, ctypes.c_char_p, ctypes.c_size_t,
         ]  # fmt: skip
 
     def capacity(self, depth: int) -> int:
-        """Tensors per launch of ListMeta<depth> in this build."""
-        return int(self.lib.emu_meta_capacity(depth))
+        """Tensors per launch of ListMeta<depth> in this build (depth 7: the optimizer steps)."""
+        return int(self.lib.emu_optim_capacity() if depth == 7 else self.lib.emu_meta_capacity(depth))
+
+    def step_batch(self) -> int:
+        """Step counts per launch of the optimizer steps' increment kernel in this build."""
+        return int(self.lib.emu_step_batch())
 
     def _call(self, fn, *args) -> None:
         err = ctypes.create_string_buffer(1024)
@@ -72,17 +87,46 @@ class Emulator:
         )  # fmt: skip
 
     def global_norm(self, tensors, norm_type: float, per_tensor: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        total = torch.full((), math.nan)  # poisoned: the kernels must write both outputs
-        each = torch.full((len(tensors) if per_tensor else 0,), math.nan)
+        """As the binding: a list holding float64 accumulates in double and returns float64 norms."""
+        wide = any(t.dtype == torch.float64 for t in tensors)
+        out = torch.float64 if wide else torch.float32
+        total = torch.full((), math.nan, dtype=out)  # poisoned: the kernels must write both outputs
+        each = torch.full((len(tensors) if per_tensor else 0,), math.nan, dtype=out)
         self._call(
-            self.lib.emu_norm, _spans(tensors), len(tensors), _norm_kind(norm_type), norm_type, _ptr(total),
-            _ptr(each) if per_tensor else None,
+            self.lib.emu_norm, _spans(tensors), len(tensors), _norm_kind(norm_type), norm_type, int(wide),
+            total.data_ptr(), each.data_ptr() if per_tensor else None,
         )  # fmt: skip
         return total, each
 
     def scale_(self, tensors, mode: str, *, inv_scale=None, found_inf=None, total_norm=None, max_norm=0.0,
                eps=0.0, clip_value=0.0) -> None:  # fmt: skip
+        """total_norm: a one-element tensor of any float dtype (clip_norm)."""
+        norm_dtype = DTYPE_CODES[total_norm.dtype] if total_norm is not None else 0
         self._call(
             self.lib.emu_scale, _spans(tensors), len(tensors), SCALE_MODES[mode], _ptr(inv_scale), _ptr(found_inf),
-            _ptr(total_norm), max_norm, eps, clip_value,
+            _any_ptr(total_norm), norm_dtype, max_norm, eps, clip_value,
+        )  # fmt: skip
+
+    def adamw_step_(self, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps, lr, lr_tensor,
+                    grad_mult, found_inf, beta1, beta2, eps, weight_decay, maximize, mode, seed) -> None:  # fmt: skip
+        lists = (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params)
+        scalars = (lr, weight_decay, beta1, beta2, eps, 0.0, 0.0)
+        self._step(0, lists, steps, scalars, maximize, False, lr_tensor, grad_mult, found_inf, mode, seed)
+
+    def sgd_step_(self, params, grads, momentum_buffers, master_params, steps, lr, lr_tensor, grad_mult, found_inf,
+                  momentum, dampening, weight_decay, nesterov, maximize, mode, seed) -> None:  # fmt: skip
+        buffers = momentum_buffers if momentum != 0.0 else []  # as the binding: no momentum, no buffers
+        lists = (params, grads, buffers, [], [], master_params)
+        scalars = (lr, weight_decay, 0.0, 0.0, 0.0, momentum, dampening)  # no betas, no eps
+        self._step(1, lists, steps, scalars, maximize, nesterov, lr_tensor, grad_mult, found_inf, mode, seed)
+
+    def _step(self, kind, lists, steps, scalars, maximize, nesterov, lr_tensor, grad_mult, found_inf, mode,
+              seed) -> None:  # fmt: skip
+        span_arrays = [_spans(list(x)) for x in lists]  # kept alive through the call
+        heads = (_VOID_P * len(lists))(*[ctypes.addressof(a) for a in span_arrays])
+        lengths = (ctypes.c_int64 * len(lists))(*[len(x) for x in lists])
+        step_ptrs = (_VOID_P * max(len(steps), 1))(*[s.data_ptr() for s in steps])
+        self._call(
+            self.lib.emu_optim_step, kind, heads, lengths, step_ptrs, len(steps), (ctypes.c_double * 7)(*scalars),
+            int(maximize), int(nesterov), _ptr(lr_tensor), _ptr(grad_mult), _ptr(found_inf), mode, seed,
         )  # fmt: skip

@@ -5,8 +5,8 @@ needs, and nothing else: the launch syntax ``k<<<grid, block, shmem, stream>>>(a
 becomes ``::emu::launch(k, grid, block, shmem, stream)(args)``, and a
 ``const __grid_constant__ T name`` parameter becomes ``const T& name`` (one
 shared, read-only copy, as on the GPU). Then g++ compiles them with
-shim/cuda_runtime_api.h in place of the toolkit's header and emu_ops.cpp's
-C entry points into a shared library loaded with ctypes.
+shim/cuda_runtime_api.h in place of the toolkit's header and the C entry
+points of emu_ops.cpp and emu_optim.cpp into a shared library loaded with ctypes.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ def build(out_dir: Path, variant: str) -> Path:
         f"-I{src / 'cuda'}",
         *units,
         str(HERE / "emu_ops.cpp"),
+        str(HERE / "emu_optim.cpp"),
         "-o",
         str(lib),
     ]

@@ -3,46 +3,16 @@
 // Each builds the launcher's params from raw spans exactly as the binding
 // would after its checks, runs the launcher, and returns 0 or copies the
 // emulator's error into `err`.
-#include <cstring>
-#include <string>
-#include <vector>
-
 #include "../kernels/multi_tensor.cuh"  // resolved through -I csrc/cuda
+#include "emu_common.h"
 #include "launch.h"
 
+using emu_entry::EmuSpan;
+using emu_entry::finish;
+using emu_entry::spans;
+using emu_entry::workspace;
 using gradacc::DType;
 using gradacc::NormKind;
-using gradacc::Span;
-
-namespace {
-
-struct EmuSpan {
-  void* data;
-  int64_t numel;
-  int32_t dtype;  // gradacc::DType
-};
-
-std::vector<Span> spans(const EmuSpan* s, int64_t n) {
-  std::vector<Span> out;
-  for (int64_t i = 0; i < n; ++i) out.push_back(Span{s[i].data, s[i].numel, DType(s[i].dtype)});
-  return out;
-}
-
-// Device scratch stands in as host memory, 8-byte aligned like the allocator's.
-std::vector<uint64_t> workspace(size_t bytes) { return std::vector<uint64_t>((bytes + 7) / 8); }
-
-int finish(cudaError_t status, char* err, size_t err_len) {
-  const cudaError_t pending = cudaGetLastError();
-  if (status == cudaSuccess) status = pending;
-  if (status == cudaSuccess) return 0;
-  const std::string msg = emu::last_error().empty() ? "cuda error " + std::to_string(int(status)) : emu::last_error();
-  std::strncpy(err, msg.c_str(), err_len - 1);
-  err[err_len - 1] = '\0';
-  emu::last_error().clear();
-  return int(status);
-}
-
-}  // namespace
 
 extern "C" {
 
@@ -68,12 +38,13 @@ int emu_accumulate(const EmuSpan* bufs, const EmuSpan* grads, int64_t n, float a
   return finish(gradacc::cuda::launch_accumulate(p, ws.data(), nullptr), err, err_len);
 }
 
-int emu_norm(const EmuSpan* tensors, int64_t n, int norm_kind, double order, float* total_out, float* per_tensor_out,
-             char* err, size_t err_len) {
+int emu_norm(const EmuSpan* tensors, int64_t n, int norm_kind, double order, int wide, void* total_out,
+             void* per_tensor_out, char* err, size_t err_len) {
   gradacc::NormParams p;
   p.tensors = spans(tensors, n);
   p.norm_kind = NormKind(norm_kind);
   p.p = order;
+  p.wide = wide != 0;
   p.total_out = total_out;
   p.per_tensor_out = per_tensor_out;
   auto ws = workspace(gradacc::cuda::norm_workspace_bytes(p));
@@ -81,13 +52,15 @@ int emu_norm(const EmuSpan* tensors, int64_t n, int norm_kind, double order, flo
 }
 
 int emu_scale(const EmuSpan* tensors, int64_t n, int mode, const float* inv_scale_ptr, float* found_inf,
-              const float* norm_ptr, float max_norm, float eps, float clip_value, char* err, size_t err_len) {
+              const void* norm_ptr, int norm_dtype, double max_norm, double eps, double clip_value, char* err,
+              size_t err_len) {
   gradacc::ScaleParams p;
   p.tensors = spans(tensors, n);
   p.mode = gradacc::ScaleMode(mode);
   p.inv_scale_ptr = inv_scale_ptr;
   p.found_inf = found_inf;
   p.norm_ptr = norm_ptr;
+  p.norm_dtype = DType(norm_dtype);
   p.max_norm = max_norm;
   p.eps = eps;
   p.clip_value = clip_value;
@@ -116,9 +89,20 @@ __global__ void warp_sum_kernel(const float* in, float* warp_sums, int* any_nega
   if (threadIdx.x == 0) any_negative[blockIdx.x] = neg;
 }
 
+// A 16-byte load from `in + offset` (floats): misaligned unless offset % 4 == 0.
+__global__ void vector_load_kernel(const float* in, int offset, float* out) {
+  const uint4 u = *reinterpret_cast<const uint4*>(in + offset);
+  if (threadIdx.x == 0) out[0] = float(u.x != 0);
+}
+
 }  // namespace
 
 extern "C" {
+
+int emu_selftest_vector_load(const float* in, int offset, float* out, char* err, size_t err_len) {
+  emu::launch(vector_load_kernel, 1, 32, 0, nullptr)(in, offset, out);
+  return finish(cudaSuccess, err, err_len);
+}
 
 int emu_selftest_divergent_barrier(int* out, unsigned threads, char* err, size_t err_len) {
   emu::launch(divergent_barrier_kernel, 1, threads, 0, nullptr)(out);

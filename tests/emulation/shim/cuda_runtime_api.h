@@ -6,7 +6,8 @@
 // barrier. __syncthreads* release when every thread of the block waits there,
 // __shfl_*_sync when all 32 lanes of the warp do; a barrier that cannot be
 // released (divergent __syncthreads, a lane that left early) is reported as
-// an error instead of hanging. Fibers run one at a time on one OS thread, so
+// an error instead of hanging, and so is a 16-byte (uint4) access at a
+// misaligned address. Fibers run one at a time on one OS thread, so
 // the schedule is deterministic; this is evidence about the device code's
 // logic and arithmetic, not GPU verification (no memory model, no timing).
 #pragma once
@@ -25,7 +26,9 @@
 #define CUDART_VERSION 12080  // -DCUDART_VERSION=12000 builds the 4 KB-parameter variant
 #endif
 
-#define __global__
+// inline: a kernel defined in a header links once although both the launcher's
+// translation unit and the test's entry points (which read its constants) see it
+#define __global__ inline
 #define __device__
 #define __host__
 #define __forceinline__ inline
@@ -36,10 +39,31 @@
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
+namespace emu {
+inline void fail(const std::string& what);
+inline void check_aligned16(const void* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) fail("misaligned 16-byte access (a GPU faults: misaligned address)");
+}
+}  // namespace emu
+
+// CUDA's uint4 is 16-byte aligned and moves as one 16-byte access, which
+// faults on a GPU at an address that is not a multiple of 16 (x86 would
+// silently do it): reading or overwriting one through a misaligned pointer
+// is reported, so the vector paths' alignment checks are really tested. No
+// alignas(16) here: g++ would then use aligned SSE moves, and a misaligned
+// access would crash the test process instead of being reported.
 struct uint4 {
   unsigned x, y, z, w;
+  uint4() = default;
+  uint4(unsigned a, unsigned b, unsigned c, unsigned d) : x(a), y(b), z(c), w(d) {}
+  uint4(const uint4& o) : x(o.x), y(o.y), z(o.z), w(o.w) { emu::check_aligned16(&o); }
+  uint4& operator=(const uint4& o) {
+    emu::check_aligned16(this);
+    x = o.x, y = o.y, z = o.z, w = o.w;
+    return *this;
+  }
 };
-inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4(x, y, z, w); }
 
 enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorInvalidConfiguration = 9, cudaErrorLaunchFailure = 719 };
 using cudaStream_t = struct CUstream_st*;
