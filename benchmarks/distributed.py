@@ -55,6 +55,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.profiler import ProfilerActivity, profile
 
 from gradacc_ext import GradientAccumulationConfig, GradientAccumulator
+from gradacc_ext.benchmarking.memory import allocated_bytes
 
 STEPS, MICRO_BATCH = 4, 32
 CONTENDERS = (
@@ -141,16 +142,6 @@ def build(name: str, width: int, layers: int, world: int):
     return plain, lambda: sum(p.grad.nbytes for p in model.parameters() if p.grad is not None)
 
 
-def peak_bytes(prof) -> int:
-    """Largest running sum of the profiler's allocation/free events ("[memory]", bytes +/-), in time order."""
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    live = peak = 0
-    for e in sorted(events, key=lambda e: e.start_ns()):
-        live += e.nbytes()
-        peak = max(peak, live)
-    return peak
-
-
 def worker(rank: int, world: int, port: int, args, queue) -> None:
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
@@ -171,7 +162,7 @@ def worker(rank: int, world: int, port: int, args, queue) -> None:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             window(data)
         peaks = [None] * world
-        dist.all_gather_object(peaks, held() + peak_bytes(prof))
+        dist.all_gather_object(peaks, held() + allocated_bytes(prof)[0])
         rows[name] = {
             "window_ms": 1e3 * statistics.median(times),
             "window_ms_min": 1e3 * min(times),

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import torch
+from torch.profiler import ProfilerActivity, profile
+
+from gradacc_ext.benchmarking.memory import allocated_bytes
 
 
 class LiveBytes:
-    """Bytes allocated minus freed since start(), with the peak: the CUDA allocator, or on CPU the profiler's
-    allocation timeline (every allocation and free with its own timestamp).
-
-    Per-op self memory summed by op start time is not enough on CPU: it puts a parent op's negative self memory
-    (a temporary its child allocated) before the child's allocation and so under-reads peaks (AdamW(foreach)'s
-    4 B/param sqrt temporaries read as 0.08 B/param that way).
-    """
+    """Bytes allocated minus freed since start(), with the peak: the CUDA allocator, or on CPU the allocator's
+    own events replayed in time order (gradacc_ext.benchmarking.memory.allocated_bytes)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -23,11 +21,7 @@ class LiveBytes:
             self.base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
         else:
-            from torch.profiler import ProfilerActivity, profile
-
-            self.prof = profile(
-                activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
-            )
+            self.prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
             self.prof.__enter__()
         return self
 
@@ -37,14 +31,8 @@ class LiveBytes:
             self.peak = torch.cuda.max_memory_allocated() - self.base
             self.end = torch.cuda.memory_allocated() - self.base
             return
-        from torch.profiler._memory_profiler import Action
-
         self.prof.__exit__(*exc)
-        live = self.peak = 0
-        for _, action, _, size in sorted(self.prof._memory_profile().timeline, key=lambda row: row[0]):
-            live += size if action == Action.CREATE else -size if action == Action.DESTROY else 0
-            self.peak = max(self.peak, live)
-        self.end = live
+        self.peak, self.end = allocated_bytes(self.prof)
 
 
 class OutsideBytes:

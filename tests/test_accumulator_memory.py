@@ -23,6 +23,7 @@ from gradacc_ext.accumulate.accumulator import GradientAccumulator
 from gradacc_ext.accumulate.buffers import ALIGN
 from gradacc_ext.accumulate.checkpoint import STATE_VERSION
 from gradacc_ext.accumulate.config import GradientAccumulationConfig
+from gradacc_ext.benchmarking.memory import allocated_bytes
 from gradacc_ext.ops import reference
 
 F64 = torch.float64
@@ -321,11 +322,7 @@ def test_reference_norm_makes_no_gradient_sized_temporary(norm_type):
     tensors = [torch.randn(128, 128, generator=g) for _ in range(8)]  # 64 KiB each, 512 KiB in all
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         got = reference.global_norm(tensors, norm_type, False)[0]
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    live = peak = 0
-    for e in sorted(events, key=lambda e: e.start_ns()):
-        live += e.nbytes()
-        peak = max(peak, live)
+    peak = allocated_bytes(prof)[0]
     assert 0 < peak <= 2 * tensors[0].nbytes + 1024
     flat = torch.cat([t.reshape(-1) for t in tensors]).double()
     torch.testing.assert_close(got.double(), torch.linalg.vector_norm(flat, norm_type), rtol=1e-5, atol=0)

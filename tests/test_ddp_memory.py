@@ -26,6 +26,7 @@ from _dist import launch, needs_gloo
 from torch.profiler import ProfilerActivity, profile
 
 from gradacc_ext import GradientAccumulationConfig, GradientAccumulator
+from gradacc_ext.benchmarking.memory import allocated_bytes
 from gradacc_ext.ops._loader import extension_loaded
 
 pytestmark = [
@@ -47,15 +48,6 @@ def make_model() -> torch.nn.Module:
     torch.manual_seed(3)
     layers = [m for _ in range(DEPTH) for m in (torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh())]
     return torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers, torch.nn.Linear(WIDTH, 4)))
-
-
-def peak_above_start(prof: profile) -> int:
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    live = peak = 0
-    for e in sorted(events, key=lambda e: e.start_ns()):
-        live += e.nbytes()
-        peak = max(peak, live)
-    return peak
 
 
 def window_bytes(name: str, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
@@ -94,7 +86,7 @@ def window_bytes(name: str, batches: list[tuple[torch.Tensor, torch.Tensor]]) ->
     start = held()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         window()
-    return start + peak_above_start(prof)
+    return start + allocated_bytes(prof)[0]
 
 
 def worker(rank: int, world: int) -> None:
