@@ -135,7 +135,7 @@ class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, Accumulator
         self._loss_scale = LossScale.for_config(c, scaler, self.device)
         self.stats = AccumulatorStats(self.device, c.grad_norm_history, c.track_memory)
         self._window = Window(c.loss_normalization, self.device)
-        self._stepper = OptimizerStepper(optimizer, scheduler, c.skip_nonfinite, self.stats)
+        self._stepper = OptimizerStepper(optimizer, scheduler, c.skip_nonfinite, self.stats, eager=self._sync.reduces)
         self._end = WindowEnd(c, self._buffers, self._sync, self._loss_scale, self._stepper, self.stats)
         self._checkpoint = Checkpoint(c, self._window, self._buffers, self.stats, self._loss_scale, self._stepper)
         self._report = StatsReport(c, self._window, self.stats, self._loss_scale, self._end.norm, self.device)

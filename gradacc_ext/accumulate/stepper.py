@@ -6,8 +6,12 @@ optimizer (torch's Adam/AdamW/SGD with fused=True) or with the fused tail
 (config.fused_step), which get found_inf as a tensor and skip on the device. Then whether the window was skipped is
 read lazily: the scheduler step of window k (taken only if it was a real
 step) happens just before window k+1's optimizer step, or whenever the
-accumulator calls resolve() (flush, state_dict, synchronize, a stats read),
-so every optimizer step uses exactly the learning rate of the plain loop.
+accumulator calls resolve() (flush, synchronize, a stats read), so every
+optimizer step uses exactly the learning rate of the plain loop. Under data
+parallelism it is read at once instead (eager=True): a lazy read would happen
+whenever a rank reads a counter (a log line on rank 0), stepping that rank's
+scheduler alone, and a checkpoint then holds per-rank learning rates, counters
+and pending outcomes under keys that torch.distributed.checkpoint keeps once.
 """
 
 from __future__ import annotations
@@ -45,9 +49,15 @@ class OptimizerStepper:
     """Steps the optimizer once per window (or skips it) and the scheduler once per real step."""
 
     def __init__(
-        self, optimizer: torch.optim.Optimizer, scheduler: Any | None, skip_nonfinite: bool, stats: AccumulatorStats
+        self,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any | None,
+        skip_nonfinite: bool,
+        stats: AccumulatorStats,
+        eager: bool = False,
     ) -> None:
         self.optimizer = optimizer
+        self.eager = eager  # resolve each step at once: every rank's state agrees at every point (data parallel)
         self.scheduler = scheduler
         self.skip_nonfinite = skip_nonfinite
         self.stats = stats
@@ -69,6 +79,8 @@ class OptimizerStepper:
                 return
             run(found_inf)
             self.pending = _DeferredFlag(found_inf)
+            if self.eager:
+                self.resolve()
             return
         skipped = self.skip_nonfinite and bool(found_inf.item())  # the window's one host sync
         if not skipped:
