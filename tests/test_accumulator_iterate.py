@@ -58,3 +58,11 @@ def test_leaving_the_loop_early_clears_the_mark():
                 raise RuntimeError("injected")
     assert not acc.sync_gradients  # the generator was closed on the way out
     assert list(acc.iterate([])) == []
+
+
+@pytest.mark.parametrize("loader", [5, None])
+def test_a_non_iterable_loader_is_refused_at_the_call(loader):
+    acc = build(5)
+    with pytest.raises(TypeError, match=r"iterate: loader must be an iterable of batches .* got (int|NoneType)$"):
+        acc.iterate(loader)  # not only once the loop starts
+    assert not acc.sync_gradients

@@ -168,7 +168,16 @@ class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, Accumulator
     def iterate(self, loader: Iterable) -> Iterator[Any]:
         """Yields the loader's batches, fetching one ahead (Accelerate's end_of_dataloader): the last batch's
         micro-step closes the window as micro_step(last=True) does, so the short last window needs no flush()."""
-        batches = iter(loader)
+        try:
+            batches = iter(loader)  # here, not in the generator: a bad loader fails at the call that passed it
+        except TypeError:
+            raise TypeError(
+                f"GradientAccumulator.iterate: loader must be an iterable of batches (a DataLoader, a list), "
+                f"got {type(loader).__name__}"
+            ) from None
+        return self._look_ahead(batches)
+
+    def _look_ahead(self, batches: Iterator[Any]) -> Iterator[Any]:
         ahead = next(batches, _END)
         try:
             while ahead is not _END:
