@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from _dist import MICRO, STEPS, assert_params_equal, global_batches, launch, make_model, needs_gloo, shard
+from _dist import MICRO, STEPS, assert_params_equal, global_batches, launch, make_model, needs_gloo
 from test_fsdp import SEED, fsdp_model, run
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
