@@ -160,9 +160,12 @@ def fsdp_worker(rank: int, world: int, ckpt: str) -> None:
     check_resume(rank, world, lambda: build(mesh, "sum", "micro_step"), ckpt + "-adamw")
     check_resume(rank, world, lambda: build(mesh, "sum", "micro_step", fused_adamw=True), ckpt + "-fused")
     check_sharded_memory(rank, world, mesh)
-    # FusedAdamW's own clip sees only this rank's shards: refused (the accumulator's max_grad_norm is global).
+    # FusedAdamW's own clip sees only this rank's shards: refused (the accumulator's max_grad_norm is global),
+    # by the accumulator at construction and by the optimizer's step without one.
     model = fsdp_model(mesh)
     opt = FusedAdamW(model.parameters(), max_grad_norm=1.0)
+    with pytest.raises(ValueError, match=r"FusedAdamW\(max_grad_norm=1.0\) would clip by this rank's FSDP2 shards"):
+        GradientAccumulator(model, opt, GradientAccumulationConfig(accumulation_steps=STEPS))  # at once, every rank
     loss_and_items(model, shard(global_batches("mean", world, SEED)[0], rank))[0].backward()
     with pytest.raises(ValueError, match=r"FusedAdamW\(max_grad_norm=...\) cannot clip sharded"):
         opt.step()

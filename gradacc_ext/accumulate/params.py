@@ -35,6 +35,14 @@ def trainable(model_or_params: torch.nn.Module | Any) -> tuple[torch.nn.Module |
 def check_optimizer(module: torch.nn.Module | None, params: list[torch.nn.Parameter], optimizer) -> None:
     """The optimizer must hold the trainable parameters: none of them is an error (the model would never
     train), some of them a warning (the others accumulate gradients that no step uses)."""
+    clip = getattr(optimizer, "max_grad_norm", None)  # gradacc's FusedAdamW/FusedSGD clip inside their step
+    if clip is not None and any(type(p).__name__ == "DTensor" for p in params):
+        # Refused here, on every rank, rather than by the optimizer at the end of the first window.
+        raise ValueError(
+            f"GradientAccumulator: {type(optimizer).__name__}(max_grad_norm={clip}) would clip by this rank's "
+            f"FSDP2 shards' norm only; build it without max_grad_norm and set "
+            f"GradientAccumulationConfig(max_grad_norm={clip}): the accumulator clips by the global norm"
+        )
     held = {id(p) for group in optimizer.param_groups for p in group["params"]}
     missing = [p for p in params if id(p) not in held]
     if not missing:
