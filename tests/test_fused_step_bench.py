@@ -48,3 +48,16 @@ def test_fused_step_benchmark_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     # a few 0-d tensors (the clip coefficient), a few hundredths of a byte per param at this tiny scale
     assert 3.99 <= float(cells["torch eager (foreach)"][6]) < 4.1
     assert float(cells["gradacc fused step"][6]) < 0.1
+
+
+def test_gpu_targets_are_judged_against_the_issue_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from fused_step_targets import OURS, PEER, gpu_targets
+
+    def statuses(ours_ms: float, pct: float | None) -> list[str]:
+        return [t["status"] for t in gpu_targets({OURS: ours_ms, PEER: 3.0}, {OURS: pct, PEER: 50.0})]
+
+    assert statuses(2.0, 85.0) == ["met", "met"]  # 1.5x exactly, 85% exactly
+    assert statuses(2.01, 84.9) == ["not met", "not met"]
+    # above the roofline (percent() gave None): no verdict, a rerun
+    assert statuses(1.0, None)[1].startswith("n/a")
