@@ -105,6 +105,13 @@ plan() {
   fi
 }
 
+# fused_bench NAME WORKLOAD SCALE: the fused-step benchmark on the GPU, its table and JSON into results/ and DIR.
+fused_bench() {
+  local res="benchmarks/results/${STAMP}_fused_step_cuda_$2"
+  step "$1" 45 "${FSTEP[@]}" "${FSTEP_GPU[@]}" --workload "$2" --scale "$3" --out "$res.md" --json "$res.json"
+  cp "$res".* "$OUT/" 2>/dev/null
+}
+
 BUILD=(env "TORCH_CUDA_ARCH_LIST=$CAP" "MAX_JOBS=$JOBS" "$PY" setup.py build_ext --inplace)
 # test_gpu_checks.py is step 4; test_gpu_verify.py runs this script's --dry-run, not needed inside itself.
 TESTS=(env GRADACC_REQUIRE_EXT=1 "${PYTEST[@]}" tests --ignore=tests/test_gpu_checks.py --ignore=tests/test_gpu_verify.py
@@ -160,12 +167,8 @@ else
     step racecheck 200 "${RACECHECK[@]}" &
     wait
     # the short fused-step benchmarks first: compare.py then takes what is left of the budget (up to its limit)
-    for w in gpt2-small:1 gpt-1.3b:0.5; do
-      res="benchmarks/results/${STAMP}_fused_step_cuda_${w%%:*}"
-      step "bench_step$([[ $w == gpt-1.3b* ]] && echo _1.3b)" 45 "${FSTEP[@]}" "${FSTEP_GPU[@]}" --workload "${w%%:*}" \
-        --scale "${w##*:}" --out "$res.md" --json "$res.json"
-      cp "$res".* "$OUT/" 2>/dev/null
-    done
+    fused_bench bench_step gpt2-small 1
+    fused_bench bench_step_1.3b gpt-1.3b 0.5
     step bench 170 "${BENCH[@]}"
     cp benchmarks/results/"$(ls -t benchmarks/results | grep -v fused_step | grep -m1 '\.json$' | sed 's/\.json$//')".* \
       "$OUT/" 2>/dev/null
