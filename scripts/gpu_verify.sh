@@ -8,7 +8,8 @@
 # then, in parallel (16 cores, one GPU; none of them is timed):
 # 3. tests       the full test suite with the CUDA kernels required (GRADACC_REQUIRE_EXT=1)
 # 4. gpu_checks  tests/test_gpu_checks.py: a whole window in a CUDA graph, a window under
-#                torch.cuda.set_sync_debug_mode("error"), one >2^31-element tensor through every op
+#                torch.cuda.set_sync_debug_mode("error") (plain and fused AdamW/SGD tails; the accumulator's
+#                fused window), one >2^31-element tensor through every op and both optimizer steps
 # 5. memcheck    compute-sanitizer memcheck on the op tests' CUDA cases (the optimizer steps' included)
 # 6. racecheck   compute-sanitizer racecheck on scripts/gpu_smoke_ops.py (every op and adamw/sgd, every layout)
 # then alone, one after the other (timed):
@@ -19,8 +20,9 @@
 #
 # Each step has a time limit and the whole run a budget (GPU_VERIFY_BUDGET_S, default 570 s) so
 # it ends within 10 minutes on an H100 with 16 cores (limits: env 30, build 180, the parallel four
-# 200, bench_step 45 each, bench 170 or what is left); a step past its limit is recorded as "timeout". Logs go to DIR/<step>.log, the record to DIR/summary.{json,md}. Exit status 0 only
-# if every step passed.
+# 200, bench_step 45 each, bench 170 or what is left); a step past its limit is recorded as
+# "timeout". Logs go to DIR/<step>.log, the record to DIR/summary.{json,md}, with issue 10's
+# targets from the fused-step runs. Exit status 0 only if every step passed.
 #
 # --dry-run works on a machine without a GPU (CI runs it, tests/test_gpu_verify.py): it prints
 # the plan, checks that every file and tool the plan names is there, and runs the CPU-runnable
@@ -36,7 +38,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) DRY=1 ;;
     --out) OUT="${2:?--out needs a folder}"; shift ;;
-    -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "gpu_verify.sh: unknown argument '$1' (expected --out DIR, --dry-run)" >&2; exit 2 ;;
   esac
   shift
@@ -125,8 +127,8 @@ BENCH=("$PY" benchmarks/compare.py --device cuda --workloads gpt2-small,small-20
   --min-time 0.2 --max-time 1.0 --no-plot --out-dir benchmarks/results)
 # Issue 10's op-level benchmark. No torch.compile contender: its first call compiled for 53 s (gpt2-small, 148
 # tensors) and 118 s (gpt-1.3b) on a 2-core CPU VM; on an H100 host inductor also generates and compiles Triton
-# kernels for every fused group, which I estimate at 30-90 s cold per workload (not measured: no GPU has run
-# this), more than these steps' limits, and the issue's GPU targets compare against torch's fused AdamW, not compile.
+# kernels for every fused group: an estimate of 30-90 s cold per workload (not measured: no GPU has run this),
+# more than these steps' limits, and the issue's GPU targets compare against torch's fused AdamW, not compile.
 # --copy-mib 4096: two 1 GiB roofline streams (~1 ms a call on an H100), so the timer's syncs and Python (tens of
 # us) add ~2% to a roofline call, not the ~10% of the default 2 x 256 MiB. gpt-1.3b at half size: four contenders'
 # params, buffers, bf16 grads and AdamW states (18 B/param each) take 47 GB of the GPU's 80 at scale 0.5, 95 at 1.
@@ -144,7 +146,6 @@ if [[ $DRY -eq 1 ]]; then
   # The CPU-runnable pieces, in parallel like the GPU steps, with any GPU hidden (same on every machine).
   export CUDA_VISIBLE_DEVICES=""
   plan gpu_checks 200 "${CHECKS[@]}"  # collected (and skipped) by the CPU test suite itself
-  mkdir -p "$OUT/bench"
   step smoke_cpu 120 "$PY" scripts/gpu_smoke_ops.py --device cpu --layouts odd,unaligned &
   step bench_cpu 120 "$PY" benchmarks/compare.py --device cpu --workloads small-2000=0.05 --ops norm \
     --impls gradacc,eager --no-compile --min-time 0 --max-time 0.05 --no-plot \

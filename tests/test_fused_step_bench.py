@@ -1,4 +1,5 @@
-"""Smoke test of benchmarks/fused_step.py (on the CPU, and on CUDA where there is a GPU): it runs end to end and
+"""Smoke test of benchmarks/fused_step.py (on the CPU, and on CUDA where there is a GPU): it runs end to end
+and writes one table row per contender.
 
 In process (no second torch import), tiny scale, no torch.compile (compiling takes a minute on a CPU). The
 timings are not checked, only that every column is filled, the step-agreement check inside the script passed
