@@ -20,7 +20,13 @@ after every interleaved round); peak MiB one warm step allocates on top of the s
 torch.profiler memory events on CPU, max_memory_allocated on CUDA). Figures depend on the machine (say
 which when you quote). The first (compiling) call of torch.compile is timed apart.
 
+On CUDA (--device cuda) each call is timed by CUDA events recorded around it on an idle stream (a
+synchronize before the start event), so a time is the step's device time including any launch gaps, and
+the issue-10 GPU targets are printed (and written with --json): the fused step >= 1.5x torch fused AdamW +
+foreach clip, and >= 85% of the roofline.
+
     PYTHONPATH=. python benchmarks/fused_step.py --workload gpt2-small --scale 0.25 --threads 1
+    PYTHONPATH=. python benchmarks/fused_step.py --device cuda --workload gpt2-small --scale 1 --no-compile
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from fused_step_targets import gpu_targets, write_json
 from step_probes import BYTES_PER_PARAM, FLOOR_BYTES_PER_PARAM, peak_step_bytes
 
 from gradacc_ext import ops
@@ -44,22 +51,24 @@ LR, MAX_NORM, LOSS_SCALE = 1e-4, 1.0, 1024.0
 
 
 class State:
-    def __init__(self, shapes, seed: int) -> None:
-        g = torch.Generator().manual_seed(seed)
-        self.params = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+    def __init__(self, shapes, seed: int, device: torch.device) -> None:
+        # drawn on the device itself (a full-size model's state from the CPU took seconds per contender);
+        # the same seed gives every contender the same state
+        g = torch.Generator(device).manual_seed(seed)
+        self.params = [torch.nn.Parameter(torch.randn(s, generator=g, device=device)) for s in shapes]
         for p in self.params:
-            p.grad = torch.randn(p.shape, generator=g) * LOSS_SCALE
-        self.grads = [(torch.randn(p.shape, generator=g) * LOSS_SCALE).bfloat16() for p in self.params]
-        self.inv_scale = torch.full((), 1 / LOSS_SCALE)
-        self.found_inf = torch.zeros(())
-        self.norm = torch.zeros(())
+            p.grad = torch.randn(p.shape, generator=g, device=device) * LOSS_SCALE
+        self.grads = [(torch.randn(p.shape, generator=g, device=device) * LOSS_SCALE).bfloat16() for p in self.params]
+        self.inv_scale = torch.full((), 1 / LOSS_SCALE, device=device)
+        self.found_inf = torch.zeros((), device=device)
+        self.norm = torch.zeros((), device=device)
         self.bufs = [p.grad for p in self.params]
 
 
 def gradacc_fused(s: State) -> Callable[[], None]:
     exp_avgs = [torch.zeros_like(p) for p in s.params]
     exp_avg_sqs = [torch.zeros_like(p) for p in s.params]
-    step = [torch.zeros(())]  # one count shared by the list
+    step = [torch.zeros((), device=s.norm.device)]  # one count shared by the list
 
     def run() -> None:
         ops.accumulate_final_(s.bufs, s.grads, s.found_inf, s.norm, inv_scale=s.inv_scale)
@@ -102,19 +111,31 @@ CONTENDERS = {
 COMPILED = "torch.compile (eager tail + step)"
 
 
-def _times(fn: Callable[[], object], repeats: int, warm_up: bool = True) -> list[float]:
+def _times(fn: Callable[[], object], repeats: int, device: torch.device, warm_up: bool = True) -> list[float]:
+    """Seconds per call: wall clock on the CPU; on CUDA, events around the call on an idle device (the
+    launches are asynchronous: a host clock would time the launches, not the kernels)."""
     if warm_up:
         fn()  # state allocation, first touch
     out = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) / 1e3)
+            continue
+        start_s = time.perf_counter()
         fn()
-        out.append(time.perf_counter() - start)
+        out.append(time.perf_counter() - start_s)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--workload", choices=[k for k in WORKLOADS if k != "huge"], default="gpt2-small")
     parser.add_argument("--scale", type=float, default=0.25)
     parser.add_argument("--repeats", type=int, default=7)
@@ -127,33 +148,38 @@ def main() -> None:
         "default: the harness's rotation_bytes, as gradacc bench",
     )
     parser.add_argument("--out", type=Path, help="also write the table (markdown) to this file")
+    parser.add_argument("--json", type=Path, help="also write the rows and the issue-10 GPU targets (JSON) here")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device here")
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
     workload = make_workload(args.workload, args.scale)
     numel = workload.numel
-    lines = [f"{workload.name}: {workload.summary()}; {args.threads} thread(s); torch {torch.__version__}", ""]
+    where = f"{args.threads} thread(s)" if device.type == "cpu" else torch.cuda.get_device_name(device)
+    lines = [f"{workload.name}: {workload.summary()}; {where}; torch {torch.__version__}", ""]
     print(lines[0])
-    cpu = torch.device("cpu")
-    roofline = Roofline(cpu, args.copy_mib << 20 if args.copy_mib else rotation_bytes(cpu), args.threads)
+    roofline = Roofline(device, args.copy_mib << 20 if args.copy_mib else rotation_bytes(device), args.threads)
     roofline.sample()
     contenders = {k: v for k, v in CONTENDERS.items() if not (args.no_compile and k == COMPILED)}
     fns, first_steps, first_calls = {}, {}, {}
     with torch.no_grad():
         for name, build in contenders.items():
-            state = State(workload.shapes, seed=0)
+            state = State(workload.shapes, seed=0, device=device)
             fns[name] = build(state)
             # the first step from the common state, then a second one (a compiled fn may recompile
             # once its optimizer state exists): the warm-up
-            first_calls[name] = [1e3 * t for t in _times(fns[name], 2, warm_up=False)]
-            first_steps[name] = torch.cat([p.reshape(-1) for p in state.params])
+            first_calls[name] = [1e3 * t for t in _times(fns[name], 2, device, warm_up=False)]
+            # kept in host memory: on a GPU, a copy of every contender's params would crowd out the states
+            first_steps[name] = torch.cat([p.reshape(-1) for p in state.params]).cpu()
         # interleaved rounds: on a shared machine, load changes hit every contender alike
         times: dict[str, list[float]] = {name: [] for name in fns}
         for _ in range(args.repeats):
             for name, fn in fns.items():
-                times[name] += _times(fn, 1, warm_up=False)
+                times[name] += _times(fn, 1, device, warm_up=False)
             roofline.sample()  # after every round, as the harness does after every cell: the load changes
         roofline.free()
-        peaks = {name: peak_step_bytes(fn, torch.device("cpu")) for name, fn in fns.items()}
+        peaks = {name: peak_step_bytes(fn, device) for name, fn in fns.items()}
     rows = [(name, 1e3 * statistics.median(t)) for name, t in times.items()]
     eager = dict(rows)["torch eager (foreach)"]
     for name, params in first_steps.items():  # every contender computes the same step
@@ -164,10 +190,11 @@ def main() -> None:
         "| contender | ms | vs eager | B/param moved | GB/s (38 B/param) | % copy | peak MiB | peak B/param |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    pcts = {}
     for name, ms in rows:
         moved = BYTES_PER_PARAM[name]
         gbps = FLOOR_BYTES_PER_PARAM * numel / ms / 1e6
-        pct = roofline.percent(gbps)
+        pct = pcts[name] = roofline.percent(gbps)
         lines.append(
             f"| {name} | {ms:.1f} | {eager / ms:.2f}x | {moved if moved is not None else '—'} | {gbps:.2f} | "
             f"{OVER_ROOFLINE if pct is None else f'{pct:.0f}%'} | {peaks[name] / 2**20:.1f} | "
@@ -175,7 +202,7 @@ def main() -> None:
         )
     step_mib, streams_mib = FLOOR_BYTES_PER_PARAM * numel / 2**20, 4 * roofline.numel / 2**20
     # the harness's rule for its rotated input sets: below rotation_bytes, part of a call can run from cache
-    from_cache = step_mib < rotation_bytes(cpu) / 2**20
+    from_cache = step_mib < rotation_bytes(device) / 2**20
     lines += [
         "",
         f"Roofline: {roofline.gbps:.2f} GB/s, the fastest call of two fp32 streams over {streams_mib:.0f} MiB "
@@ -184,9 +211,15 @@ def main() -> None:
         "",
     ]
     lines += [f"First two calls (ms), {name}: {a:.0f}, {b:.0f}" for name, (a, b) in first_calls.items()]
+    targets = gpu_targets(dict(rows), pcts) if device.type == "cuda" else []
+    if targets:
+        lines += ["", "Issue 10 GPU targets (this run):"]
+        lines += [f"- {t['target']}: {t['measured_text']} (need {t['required_text']}): {t['status']}" for t in targets]
     print("\n".join(lines[1:]))
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
+    if args.json:
+        write_json(args.json, lines[0], dict(rows), pcts, peaks, roofline.gbps, targets)
 
 
 if __name__ == "__main__":

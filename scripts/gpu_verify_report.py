@@ -3,6 +3,9 @@ the summary of its steps.
 
     python scripts/gpu_verify_report.py env OUT        # writes OUT/env.json
     python scripts/gpu_verify_report.py summary OUT    # OUT/steps.tsv + env.json -> summary.{json,md}
+
+The summary also lists issue 10's GPU targets from every OUT/*fused_step*.json that
+benchmarks/fused_step.py --json wrote (met / not met; they do not decide the exit status).
 """
 
 from __future__ import annotations
@@ -48,6 +51,15 @@ def environment() -> dict[str, object]:
     }
 
 
+def fused_step_targets(out: Path) -> list[dict[str, object]]:
+    """Issue 10's targets of each fused-step benchmark record in OUT (none on a CPU run)."""
+    rows = []
+    for f in sorted(out.glob("*fused_step*.json")):
+        record = json.loads(f.read_text())
+        rows += [{"file": f.name, "title": record["title"], **t} for t in record["targets"]]
+    return rows
+
+
 def summary(out: Path) -> dict[str, object]:
     env_file = out / "env.json"
     env = json.loads(env_file.read_text()) if env_file.exists() else {}  # the env step failed: say unknown
@@ -60,7 +72,8 @@ def summary(out: Path) -> dict[str, object]:
         steps.append({"step": name, "status": status, "rc": int(rc), "seconds": float(seconds),
                       "limit_s": int(limit), "log": log})  # fmt: skip
     ok = all(s["status"] in ("ok", "dry-run") for s in steps)
-    result = {"ok": ok, "environment": env, "steps": steps}
+    targets = fused_step_targets(out)
+    result = {"ok": ok, "environment": env, "steps": steps, "fused_step_targets": targets}
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     gpu = ", ".join(f"{g['name']} (compute {g['capability']})" for g in env["gpus"]) or "no GPU"
     lines = [
@@ -73,6 +86,11 @@ def summary(out: Path) -> dict[str, object]:
         "|---|---|---:|---:|---|",
     ]
     lines += [f"| {s['step']} | {s['status']} | {s['seconds']:.1f} | {s['limit_s']} | {s['log']} |" for s in steps]
+    if targets:
+        lines += ["", "Issue 10 GPU targets (benchmarks/fused_step.py):", "",
+                  "| workload | target | measured | required | status |", "|---|---|---:|---:|---|"]  # fmt: skip
+        lines += [f"| {t['title'].split(':')[0]} | {t['target']} | {t['measured_text']} | {t['required_text']} | "
+                  f"{t['status']} |" for t in targets]  # fmt: skip
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     return result
 
