@@ -16,7 +16,9 @@ from typing import NamedTuple
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
 IN, HIDDEN, OUT = 5, 7, 3
@@ -183,3 +185,18 @@ def full_params(model: torch.nn.Module) -> list[torch.Tensor]:
 def assert_params_equal(model: torch.nn.Module, ref: torch.nn.Module, **tol) -> None:
     for p, q in zip(full_params(model), full_params(ref), strict=True):
         torch.testing.assert_close(p, q, **(tol or TOL64))
+
+
+def dcp_save(model: torch.nn.Module, opt: torch.optim.Optimizer, acc, ckpt: str) -> None:
+    """A sharded checkpoint of model, optimizer and accumulator through torch.distributed.checkpoint."""
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd, "acc": acc.state_dict()}, checkpoint_id=ckpt)
+
+
+def dcp_load(model: torch.nn.Module, opt: torch.optim.Optimizer, acc, ckpt: str) -> None:
+    """Loads what dcp_save wrote into freshly built model, optimizer and accumulator."""
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd, "acc": acc.state_dict()}
+    dcp.load(state, checkpoint_id=ckpt)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    acc.load_state_dict(state["acc"])

@@ -12,10 +12,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
-from _dist import MICRO, STEPS, assert_params_equal, global_batches, launch, make_model, needs_gloo
+from _dist import (
+    MICRO,
+    STEPS,
+    assert_params_equal,
+    dcp_load,
+    dcp_save,
+    global_batches,
+    launch,
+    make_model,
+    needs_gloo,
+)
 from test_fsdp import SEED, fsdp_model, run
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
 from gradacc_ext import GradientAccumulationConfig, GradientAccumulator
@@ -41,17 +49,12 @@ def check(rank: int, world: int, mesh, wrap: str, reader: int, ckpt: str) -> Non
     run(acc, model, batches, rank, close="flush", stop=cut)
     if rank == reader:
         assert acc.optimizer_steps == 1  # a log line on one rank
-    msd, osd = get_state_dict(model, opt)
-    dcp.save({"model": msd, "optim": osd, "acc": acc.state_dict()}, checkpoint_id=ckpt)
+    dcp_save(model, opt, acc, ckpt)
     sched_state = sched.state_dict()  # this rank's, saved with it
     run(acc, model, batches, rank, close="flush", start=cut)
 
     model2, opt2, sched2, acc2 = build(mesh, wrap)
-    msd, osd = get_state_dict(model2, opt2)
-    state = {"model": msd, "optim": osd, "acc": acc2.state_dict()}
-    dcp.load(state, checkpoint_id=ckpt)
-    set_state_dict(model2, opt2, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    acc2.load_state_dict(state["acc"])
+    dcp_load(model2, opt2, acc2, ckpt)
     sched2.load_state_dict(sched_state)
     run(acc2, model2, batches, rank, close="flush", start=cut)
     expected = (MICRO + STEPS - 1) // STEPS

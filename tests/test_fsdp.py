@@ -17,7 +17,6 @@ from math import inf
 import pytest
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from _dist import (
     IN,
     LR,
@@ -25,6 +24,8 @@ from _dist import (
     OUT,
     STEPS,
     assert_params_equal,
+    dcp_load,
+    dcp_save,
     global_batches,
     launch,
     loss_and_items,
@@ -34,7 +35,6 @@ from _dist import (
     reference,
     shard,
 )
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -193,17 +193,12 @@ def check_resume(rank: int, world: int, make, ckpt: str, seed: int = SEED) -> No
     batches, cut = global_batches("sum", world, seed), STEPS + 2
     model, opt, sched, acc = make()
     run(acc, model, batches, rank, close="flush", stop=cut)
-    msd, osd = get_state_dict(model, opt)
-    dcp.save({"model": msd, "optim": osd, "acc": acc.state_dict()}, checkpoint_id=ckpt)
+    dcp_save(model, opt, acc, ckpt)
     sched_state = sched.state_dict()  # the same on every rank: saved as usual
     run(acc, model, batches, rank, close="flush", start=cut)
 
     model2, opt2, sched2, acc2 = make()
-    msd, osd = get_state_dict(model2, opt2)
-    state = {"model": msd, "optim": osd, "acc": acc2.state_dict()}
-    dcp.load(state, checkpoint_id=ckpt)
-    set_state_dict(model2, opt2, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    acc2.load_state_dict(state["acc"])
+    dcp_load(model2, opt2, acc2, ckpt)
     sched2.load_state_dict(sched_state)
     assert acc2.micro_steps_in_window == 2
     run(acc2, model2, batches, rank, close="flush", start=cut)
