@@ -9,7 +9,7 @@ profile_memory: every CPU allocation and free, in order); on CUDA from torch.cud
 Peaks include activations, which are the same for every implementation. Time: mean micro-step and
 window wall time over the timed windows, all implementations in the same run. The baseline
 implementation is the package at --baseline, exported with `git archive` and run with this tree's
-compiled extension (the C++ is shared). Writes <date>_memory_<device>_<commit>.{json,md} under
+compiled extension and memory probe (shared). Writes <date>_memory_<device>_<commit>.{json,md} under
 benchmarks/results/.
 """
 
@@ -176,6 +176,9 @@ def export_baseline(ref: str, into: Path) -> Path:
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
     for so in (ROOT / "gradacc_ext").glob("_C*.so"):
         shutil.copy(so, into / "gradacc_ext" / so.name)
+    # The probe that reads the allocator (memory_probes imports it) is this tree's, like the compiled kernels.
+    probe = Path("gradacc_ext", "benchmarking", "memory.py")
+    shutil.copy(ROOT / probe, into / probe)
     return into
 
 
