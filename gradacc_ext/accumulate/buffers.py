@@ -29,6 +29,7 @@ import torch
 
 from .. import ops
 from ..ops import reference
+from ..optim._shards import is_sharded
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 ALIGN = 16  # bytes: one 128-bit vector load; the CUDA kernels' vector width and the CPU's SSE/NEON width
@@ -96,7 +97,7 @@ class GradBuffers:
         self.params = list(params)
         self.backend = backend
         self.release_after_step = release
-        if shards is None and any(type(p).__name__ == "DTensor" for p in self.params):
+        if shards is None and any(is_sharded(p) for p in self.params):
             # Local-shard shapes and a cross-shard norm come from gradacc_ext.distributed's FSDP2 strategy.
             raise TypeError(
                 "GradientAccumulator: DTensor (FSDP2 fully_shard) parameters need the fully_shard-ed model passed "

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from ..optim._shards import is_sharded
+
 
 def trainable(model_or_params: torch.nn.Module | Any) -> tuple[torch.nn.Module | None, list[torch.nn.Parameter]]:
     """(the module or None, its trainable parameters); frozen ones are excluded and shared ones counted once."""
@@ -36,7 +38,7 @@ def check_optimizer(module: torch.nn.Module | None, params: list[torch.nn.Parame
     """The optimizer must hold the trainable parameters: none of them is an error (the model would never
     train), some of them a warning (the others accumulate gradients that no step uses)."""
     clip = getattr(optimizer, "max_grad_norm", None)  # gradacc's FusedAdamW/FusedSGD clip inside their step
-    if clip is not None and any(type(p).__name__ == "DTensor" for p in params):
+    if clip is not None and any(is_sharded(p) for p in params):
         # Refused here, on every rank, rather than by the optimizer at the end of the first window.
         raise ValueError(
             f"GradientAccumulator: {type(optimizer).__name__}(max_grad_norm={clip}) would clip by this rank's "

@@ -17,6 +17,7 @@ import torch
 
 from ..ops import global_norm
 from ..ops._checks_optim import LOW, MODES, state_dtype
+from ._shards import is_sharded
 
 PARAM_MODES = tuple(MODES)
 DEFAULT_PARAM_MODE = "master"
@@ -146,7 +147,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             return grad_mult
         by_device: dict[torch.device, list[torch.Tensor]] = {}
         for _, params in work:
-            if any(type(p.grad).__name__ == "DTensor" for p in params):
+            if any(is_sharded(p.grad) for p in params):
                 raise ValueError(
                     f"{type(self).__name__}(max_grad_norm=...) cannot clip sharded (FSDP2 DTensor) gradients: its "
                     "norm would be this rank's shards' only; clip with GradientAccumulationConfig.max_grad_norm"

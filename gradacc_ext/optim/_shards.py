@@ -15,9 +15,14 @@ from typing import Any
 import torch
 
 
+def is_sharded(tensor: Any) -> bool:
+    """A DTensor (FSDP2/HSDP), told by its type's name so that torch.distributed need not be importable."""
+    return isinstance(tensor, torch.Tensor) and type(tensor).__name__ == "DTensor"
+
+
 def local_shard(tensor: Any) -> Any:
     """A DTensor's local shard (a view: in-place writes reach the DTensor); anything else as it is."""
-    return tensor.to_local() if isinstance(tensor, torch.Tensor) and type(tensor).__name__ == "DTensor" else tensor
+    return tensor.to_local() if is_sharded(tensor) else tensor
 
 
 def on_local_shards(op: Callable[..., Any]) -> Callable[..., Any]:
