@@ -10,7 +10,7 @@ micro-batch, so the window's gradient is the same as without a split; the
 smaller size is kept for later batches; at `min_micro_batch_size` the OOM
 is re-raised as a RuntimeError that says so.
 
-This follows Composer's device_train_microbatch_size="auto" (ANCHORS.md),
+This follows Composer's device_train_microbatch_size="auto" (mosaicml/composer, composer/trainer/trainer.py),
 with one difference that removes its DDP deadlock (Composer PR #2117): no
 collective runs until the window's end, so ranks may split differently
 without agreeing first. Under FSDP2/HSDP and DDP's "overlap" mode collectives
