@@ -2,7 +2,7 @@
 # Measures what each candidate TORCH_CUDA_ARCH_LIST costs: nvcc wall time and
 # the size of csrc/cuda/kernels.cu's object (the only arch-dependent part of
 # the extension; the C++ sources compile once whatever the list). Used to
-# pick setup.py's DEFAULT_ARCH_LIST (README, "GPU architectures").
+# pick setup.py's DEFAULT_ARCH_LIST (docs/install.md, "GPU architectures").
 #
 # Usage: scripts/measure_arch_lists.sh ["LIST" ...]   (NVCC=... to pick nvcc)
 # Each LIST uses TORCH_CUDA_ARCH_LIST syntax: "7.5;8.0;9.0+PTX".
