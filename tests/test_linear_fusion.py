@@ -1,0 +1,483 @@
+"""gradient_accumulation_fusion (accumulate/linear_fusion.py): nn.Linear gradients written straight into the buffers.
+
+The fused window gradient must equal the hooks path and the plain full-batch loop (float64: 1e-10, float32:
+GEMM reassociation) in every normalisation mode, with clipping, fp16 loss scaling and an injected
+overflow, a short last window, mid-window resume, tied weights in both arrival orders, activation
+checkpointing, torch.compile, frozen layers and backwards outside the accumulator; close() must leave the
+model exactly as it was. Inputs are [batch, seq, features] with odd sizes so the 2-D reshapes are exercised.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from gradacc_ext.accumulate.accumulator import GradientAccumulator
+from gradacc_ext.accumulate.config import GradientAccumulationConfig
+from gradacc_ext.ops import wgrad
+
+TOL = {torch.float64: dict(rtol=1e-10, atol=1e-12), torch.float32: dict(rtol=2e-5, atol=2e-6)}
+IN, HIDDEN, OUT, SEQ = 5, 7, 3, 3
+FUSION = dict(gradient_accumulation_fusion=True)
+
+
+def make_model(dtype: torch.dtype, seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(IN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, OUT)).to(dtype)
+
+
+def make_batches(n: int, dtype: torch.dtype, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, 5, (n,), generator=g).tolist()  # uneven micro-batches: num_items matters
+    return [
+        (torch.randn(b, SEQ, IN, generator=g, dtype=dtype), torch.randn(b, SEQ, OUT, generator=g, dtype=dtype))
+        for b in sizes
+    ]
+
+
+def micro_loss(model: nn.Module, batch, mode: str, n: int) -> tuple[torch.Tensor, int | None]:
+    x, y = batch
+    if mode == "sum":
+        return F.mse_loss(model(x), y, reduction="sum"), y.numel()
+    loss = F.mse_loss(model(x), y)
+    if mode == "none":
+        return loss / n, None
+    return loss, (y.numel() if mode == "mean_items" else None)
+
+
+def window_loss(model: nn.Module, window, mode: str, n: int) -> torch.Tensor:
+    """The plain full-batch loop's loss for one window (a short last window is normalised by its real size)."""
+    if mode in ("sum", "mean_items"):
+        return sum(F.mse_loss(model(x), y, reduction="sum") for x, y in window) / sum(y.numel() for _, y in window)
+    if mode == "none":
+        return sum(F.mse_loss(model(x), y) for x, y in window) / n
+    return sum(F.mse_loss(model(x), y) for x, y in window) / len(window)
+
+
+def plain_loop(model: nn.Module, batches, n: int, mode: str, max_norm=None, norm_type=2.0, clip_value=None) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for start in range(0, len(batches), n):
+        opt.zero_grad(set_to_none=True)
+        window_loss(model, batches[start : start + n], mode, n).backward()
+        if max_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type)
+        if clip_value is not None:
+            torch.nn.utils.clip_grad_value_(model.parameters(), clip_value)
+        opt.step()
+
+
+def accumulate(model: nn.Module, batches, n: int, mode: str, **config) -> GradientAccumulator:
+    normalization = "mean" if mode == "mean_items" else mode
+    cfg = GradientAccumulationConfig(accumulation_steps=n, loss_normalization=normalization, **config)
+    acc = GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), cfg)
+    for batch in batches:
+        with acc.micro_step():
+            loss, items = micro_loss(model, batch, mode, n)
+            acc.backward(loss, num_items=items)
+    acc.flush()
+    return acc
+
+
+def assert_params_close(a: nn.Module, b: nn.Module, dtype: torch.dtype) -> None:
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, **TOL[dtype], msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("mode", ["mean", "mean_items", "sum", "none"])
+@pytest.mark.parametrize("clip", [None, (0.3, 2.0, None), (0.05, math.inf, 0.01)])
+def test_fused_equals_hooks_path_and_full_batch(dtype, mode, clip):
+    n, seed = 3, 11
+    batches = make_batches(7, dtype, seed)  # 3 + 3 + 1: the last window is short
+    max_norm, norm_type, clip_value = clip or (None, 2.0, None)
+    config = dict(max_grad_norm=max_norm, norm_type=norm_type, clip_value=clip_value)
+    fused, hooks, ref = make_model(dtype, seed), make_model(dtype, seed), make_model(dtype, seed)
+    acc = accumulate(fused, batches, n, mode, **config, **FUSION)
+    assert acc.stats.fused_linear_params == 4 and acc.stats.linear_fusion_fallbacks == {}
+    accumulate(hooks, batches, n, mode, **config)
+    plain_loop(ref, batches, n, mode, max_norm, norm_type, clip_value)
+    assert_params_close(fused, ref, dtype)
+    assert_params_close(fused, hooks, dtype)
+    assert acc.optimizer_steps == 3
+
+
+def test_weight_grad_never_reaches_autograd_and_buffers_are_assigned_not_zeroed():
+    """The fused Linears give autograd no weight gradient; the window's first write assigns (beta=0) over NaN."""
+    model = make_model(torch.float64, 3)
+    cfg = GradientAccumulationConfig(accumulation_steps=2, **FUSION)
+    acc = GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg)
+    acc._buffers._ensure()
+    for flat in acc._buffers.flats.values():
+        flat.fill_(float("nan"))  # poisoned: a beta=1 first write (or a missed view) would show NaN
+    seen_grads = []
+    for p in model.parameters():
+        p.register_hook(lambda g: seen_grads.append(g))
+    x, y = make_batches(1, torch.float64, 3)[0]
+    with acc.micro_step():
+        acc.backward(F.mse_loss(model(x), y))
+    assert len(seen_grads) == 4 and all(g is None for g in seen_grads)  # autograd sees an undefined gradient
+    ref = make_model(torch.float64, 3)
+    F.mse_loss(ref(x), y).backward()
+    for view, p in zip(acc._buffers.views, ref.parameters(), strict=True):
+        torch.testing.assert_close(view, p.grad, **TOL[torch.float64])
+    acc.close()
+
+
+def test_close_restores_the_model_exactly():
+    model = make_model(torch.float32, 5)
+    before = [dict(vars(m)) for m in model.modules()]
+    acc = GradientAccumulator(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), GradientAccumulationConfig(accumulation_steps=2, **FUSION)
+    )
+    assert "forward" in vars(model[0]) and "forward" in vars(model[2])
+    acc.close()
+    acc.close()  # idempotent
+    assert [dict(vars(m)) for m in model.modules()] == before
+    assert model[0].forward.__func__ is nn.Linear.forward
+    # A second accumulator can own the model again, and garbage collection restores it too.
+    acc = GradientAccumulator(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), GradientAccumulationConfig(accumulation_steps=2, **FUSION)
+    )
+    del acc
+    import gc
+
+    gc.collect()
+    assert [dict(vars(m)) for m in model.modules()] == before
+
+
+def test_fp16_loss_scaling_with_injected_overflow_equals_hooks_path():
+    """An inf in the activations' gradient reaches the fused weight views: the window is skipped, the scale backs
+    off, and the next window equals the hooks path's (both run the forward in fp32, so only the scaling differs)."""
+    seed, n = 7, 3
+    batches = make_batches(2 * n, torch.float32, seed)
+    models = {}
+    for fused in (False, True):
+        model = make_model(torch.float32, seed)
+        config = GradientAccumulationConfig(
+            accumulation_steps=n,
+            mixed_precision="fp16",
+            max_grad_norm=1.0,
+            init_scale=1024.0,
+            gradient_accumulation_fusion=fused,
+        )
+        acc = GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), config)
+        acc._autocast = lambda: torch.autocast("cpu", enabled=False)
+        for i, (x, y) in enumerate(batches):
+            with acc.micro_step():
+                h = model[0](x)
+                if i == 1:
+                    h.register_hook(lambda g: g * math.inf)  # the middle micro-step of the first window
+                acc.backward(F.mse_loss(model[2](torch.tanh(h)), y))
+        assert acc.skipped_steps == 1 and acc.optimizer_steps == 1 and acc.loss_scale() == 512.0
+        models[fused] = model
+    assert_params_close(models[True], models[False], torch.float32)
+
+
+@pytest.mark.parametrize("mode", ["mean", "sum"])
+def test_resume_mid_window_equals_uninterrupted(mode):
+    dtype, n, seed, cut = torch.float64, 3, 23, 4
+    batches = make_batches(8, dtype, seed)
+
+    def build():
+        model = make_model(dtype, seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        cfg = GradientAccumulationConfig(accumulation_steps=n, loss_normalization=mode, max_grad_norm=0.4, **FUSION)
+        return model, opt, GradientAccumulator(model, opt, cfg)
+
+    def feed(acc, model, chunk):
+        for batch in chunk:
+            with acc.micro_step():
+                acc.backward(*micro_loss(model, batch, mode, n))
+
+    model, _, acc = build()
+    feed(acc, model, batches)
+    acc.flush()
+    model1, opt1, acc1 = build()
+    feed(acc1, model1, batches[:cut])
+    state = {"model": model1.state_dict(), "opt": opt1.state_dict(), "acc": acc1.state_dict()}
+    acc1.close()
+    model2, opt2, acc2 = build()
+    model2.load_state_dict(state["model"])
+    opt2.load_state_dict(state["opt"])
+    acc2.load_state_dict(state["acc"])
+    feed(acc2, model2, batches[cut:])
+    acc2.flush()
+    assert_params_close(model2, model, dtype)
+
+
+class TiedLM(nn.Module):
+    """An embedding tied to the LM head. late_embedding: the embedding is used again after a reentrant-
+    checkpointed head, so its gradient reaches the buffer (hooks path) before the head's fused write."""
+
+    def __init__(self, late_embedding: bool, vocab: int = 11, d: int = 6) -> None:
+        super().__init__()
+        self.emb, self.mid, self.head = nn.Embedding(vocab, d), nn.Linear(d, d), nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight
+        self.late = late_embedding
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.emb(tokens)
+        if not self.late:
+            return self.head(torch.tanh(self.mid(x)))
+        logits = checkpoint(lambda t: self.head(torch.tanh(self.mid(t))), x.detach().requires_grad_(), use_reentrant=True)
+        return logits + self.emb(tokens.flip(-1)).sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("late_embedding", [False, True], ids=["head_first", "embedding_first"])
+@pytest.mark.parametrize("bucket", [1, 1 << 20])
+def test_tied_embedding_and_head_land_in_one_view_counted_once(late_embedding, bucket):
+    dtype, n, seed = torch.float64, 2, 19
+    g = torch.Generator().manual_seed(seed)
+    batches = [(torch.randint(0, 11, (3, 4), generator=g), torch.randint(0, 11, (3, 4), generator=g)) for _ in range(4)]
+
+    def lm_loss(model, batch):
+        return F.cross_entropy(model(batch[0]).flatten(0, 1), batch[1].flatten())
+
+    def build():
+        torch.manual_seed(seed)
+        return TiedLM(late_embedding).to(dtype)
+
+    model, ref = build(), build()
+    cfg = GradientAccumulationConfig(accumulation_steps=n, max_grad_norm=0.5, bucket_size_bytes=bucket, **FUSION)
+    acc = GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.5), cfg)
+    tied = next(i for i, p in enumerate(acc.params) if p is model.emb.weight)
+    order = []
+    write, add = acc._hooks.write_directly, acc._buffers.add
+    acc._hooks.write_directly = lambda i: (order.append(("fused", i)), write(i))[1]
+    acc._buffers.add = lambda index, *a: (order.extend(("hooks", i) for i in index), add(index, *a))[1]
+    for batch in batches:
+        with acc.micro_step():
+            acc.backward(lm_loss(model, batch))
+    tied_order = [k for k, i in order if i == tied][:2]
+    # A large bucket queues the embedding's gradient until backward returns: the fused write lands first then.
+    assert tied_order == (["hooks", "fused"] if late_embedding and bucket == 1 else ["fused", "hooks"])
+    opt, norms = torch.optim.SGD(ref.parameters(), lr=0.5), []
+    for start in range(0, len(batches), n):
+        opt.zero_grad()
+        (sum(lm_loss(ref, b) for b in batches[start : start + n]) / n).backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5))  # tied: counted once
+        opt.step()
+    assert_params_close(model, ref, dtype)
+    torch.testing.assert_close(acc.grad_norm_history(), torch.stack(norms).float(), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_equals_full_batch(reentrant):
+    dtype, n, seed = torch.float64, 2, 29
+    batches = make_batches(4, dtype, seed)
+    model, ref = make_model(dtype, seed), make_model(dtype, seed)
+    cfg = GradientAccumulationConfig(accumulation_steps=n, **FUSION)
+    acc = GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), cfg)
+    for x, y in batches:
+        with acc.micro_step():
+            out = checkpoint(model, x.requires_grad_(reentrant), use_reentrant=reentrant)
+            acc.backward(F.mse_loss(out, y))
+    plain_loop(ref, [(x.detach(), y) for x, y in batches], n, "mean")
+    assert_params_close(model, ref, dtype)
+
+
+def test_frozen_layer_and_backward_outside_the_accumulator():
+    """A frozen Linear is not fused; a retain_graph backward outside the accumulator lands in .grad and the next
+    micro-step counts it (as on the hooks path); a gradient penalty (create_graph) goes through too."""
+    dtype, n, seed = torch.float64, 2, 41
+    batches = make_batches(4, dtype, seed)
+
+    def loss_fn(m, batch):
+        loss = F.mse_loss(m(batch[0]), batch[1])
+        grads = torch.autograd.grad(loss, [p for p in m.parameters() if p.requires_grad], create_graph=True)
+        return loss + 0.1 * sum(g.square().sum() for g in grads)
+
+    models = []
+    for fused in (True, False):
+        model = make_model(dtype, seed)
+        model[0].requires_grad_(False)
+        cfg = GradientAccumulationConfig(accumulation_steps=n, gradient_accumulation_fusion=fused)
+        acc = GradientAccumulator(model, torch.optim.SGD(model[2].parameters(), lr=0.1), cfg)
+        for batch in batches:
+            with acc.micro_step():
+                loss = loss_fn(model, batch)
+                (0.5 * loss).backward(retain_graph=True)  # outside the accumulator: lands in .grad
+                assert model[2].weight.grad is not None and model[0].weight.grad is None
+                acc.backward(loss)
+        assert "forward" not in vars(model[0]) and (acc.stats.fused_linear_params == 2) == fused
+        models.append(model)
+    ref = make_model(dtype, seed)
+    ref[0].requires_grad_(False)
+    opt = torch.optim.SGD(ref[2].parameters(), lr=0.1)
+    for start in range(0, len(batches), n):
+        opt.zero_grad()
+        (1.5 * sum(loss_fn(ref, b) for b in batches[start : start + n]) / n).backward()
+        opt.step()
+    assert_params_close(models[0], ref, dtype)
+    assert_params_close(models[0], models[1], dtype)
+
+
+def test_torch_compile_model_falls_back_with_reason_and_matches():
+    dtype, n, seed = torch.float32, 2, 31
+    batches = make_batches(4, dtype, seed)
+    model, ref = make_model(dtype, seed), make_model(dtype, seed)
+    compiled = torch.compile(model, backend="aot_eager")
+    cfg = GradientAccumulationConfig(accumulation_steps=n, **FUSION)
+    acc = GradientAccumulator(compiled, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), cfg)
+    assert acc.stats.fused_linear_params == 0
+    assert set(acc.stats.linear_fusion_fallbacks) == {
+        "_orig_mod.0.weight",
+        "_orig_mod.0.bias",
+        "_orig_mod.2.weight",
+        "_orig_mod.2.bias",
+    }
+    assert "torch.compile" in acc.stats.linear_fusion_fallbacks["_orig_mod.0.weight"]
+    assert acc.get_accumulation_stats()["linear_fusion_fallbacks"] == acc.stats.linear_fusion_fallbacks
+    for batch in batches:
+        with acc.micro_step():
+            acc.backward(*micro_loss(compiled, batch, "mean", n))
+    plain_loop(ref, batches, n, "mean")
+    assert_params_close(model, ref, dtype)
+
+
+def test_compiled_loss_inside_fused_model_goes_through_hooks():
+    """torch.compile of a function that calls the fused model: traced Linears use F.linear (hooks path)."""
+    dtype, n, seed = torch.float32, 2, 37
+    batches = make_batches(4, dtype, seed)
+    model, ref = make_model(dtype, seed), make_model(dtype, seed)
+    cfg = GradientAccumulationConfig(accumulation_steps=n, **FUSION)
+    acc = GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), cfg)
+    loss_fn = torch.compile(lambda x, y: F.mse_loss(model(x), y), backend="aot_eager")
+    for x, y in batches:
+        with acc.micro_step():
+            acc.backward(loss_fn(x, y))
+    plain_loop(ref, batches, n, "mean")
+    assert_params_close(model, ref, dtype)
+
+
+def test_bf16_params_on_cpu_fall_back_per_parameter_with_reason():
+    seed, n = 13, 2
+    batches = [(x.bfloat16(), y.bfloat16()) for x, y in make_batches(4, torch.float32, seed)]
+    model = make_model(torch.float32, seed)
+    model[2].bfloat16()  # one bf16 layer: its parameters fall back, the fp32 layer is fused
+    hooks_model = make_model(torch.float32, seed)
+    hooks_model[2].bfloat16()
+    cfg = GradientAccumulationConfig(accumulation_steps=n, **FUSION)
+    acc = GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg)
+    assert acc.stats.fused_linear_params == 2
+    assert set(acc.stats.linear_fusion_fallbacks) == {"2.weight", "2.bias"}
+    assert "mixed-dtype" in acc.stats.linear_fusion_fallbacks["2.weight"]
+    hooks_acc = GradientAccumulator(
+        hooks_model, torch.optim.SGD(hooks_model.parameters(), lr=0.1), GradientAccumulationConfig(accumulation_steps=n)
+    )
+
+    def loss(m, b):
+        return F.mse_loss(m[2](torch.tanh(m[0](b[0].float())).bfloat16()).float(), b[1].float())
+
+    for a, m in ((acc, model), (hooks_acc, hooks_model)):
+        for b in batches:
+            with a.micro_step():
+                a.backward(loss(m, b))
+    for p, q in zip(model.parameters(), hooks_model.parameters(), strict=True):
+        torch.testing.assert_close(p.float(), q.float(), rtol=2e-5, atol=2e-6)
+
+
+def test_autocast_bf16_over_fp32_params_on_cpu_matches_hooks_path():
+    """Autocast activations with fp32 params: the fused GEMM multiplies the same bf16 inputs, in fp32 (the hooks
+    path rounds dW to bf16 first), so both agree to bf16 resolution and the fused one is closer to float64."""
+    seed, n = 43, 2
+    batches = make_batches(4, torch.float32, seed)
+    models = {}
+    for fused in (False, True):
+        model = make_model(torch.float32, seed)
+        cfg = GradientAccumulationConfig(
+            accumulation_steps=n, mixed_precision="bf16", gradient_accumulation_fusion=fused
+        )
+        acc = GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg)
+        for b in batches:
+            with acc.micro_step():
+                acc.backward(micro_loss(model, b, "mean", n)[0].float())
+        models[fused] = model
+    for p, q in zip(models[True].parameters(), models[False].parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=2e-2, atol=2e-3)
+
+
+def test_bad_input():
+    model = make_model(torch.float32, 1)
+    for conflict in (dict(grad_views=True), dict(ddp_reduce="overlap")):
+        name = "grad_views=True" if "grad_views" in conflict else "ddp_reduce='overlap'"
+        with pytest.raises(ValueError, match=f"gradient_accumulation_fusion=True cannot be combined with {name}"):
+            GradientAccumulationConfig(accumulation_steps=2, **conflict, **FUSION)
+    with pytest.raises(ValueError, match="gradient_accumulation_fusion must be a bool"):
+        GradientAccumulationConfig(accumulation_steps=2, gradient_accumulation_fusion="yes")
+    conv = nn.Sequential(nn.Conv1d(2, 3, 3))
+    with pytest.warns(UserWarning, match="no nn.Linear .none found.: nothing is fused"):
+        GradientAccumulator(
+            conv, torch.optim.SGD(conv.parameters(), lr=0.1), GradientAccumulationConfig(accumulation_steps=2, **FUSION)
+        ).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        acc = GradientAccumulator(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            GradientAccumulationConfig(accumulation_steps=2, **FUSION),
+        )
+    x, y = make_batches(1, torch.float32, 1)[0]
+    with acc.micro_step():
+        acc.backward(F.mse_loss(model(x), y))
+    held = [v.clone() for v in acc._buffers.window_views()]
+    model[2].weight = nn.Parameter(torch.randn(OUT, HIDDEN))
+    with pytest.raises(RuntimeError, match=r"2\.weight or \.bias was replaced while the accumulator owns the model"):
+        with acc.micro_step():
+            acc.backward(F.mse_loss(model(x), y))
+    assert acc.micro_steps_in_window == 1
+    for v, h in zip(acc._buffers.window_views(), held, strict=True):
+        assert torch.equal(v, h)  # nothing written on the error path
+    acc.close()
+
+
+def test_wgrad_op_fake_kernel_and_cpu_probe():
+    assert "no mixed-dtype" in wgrad.probe(torch.device("cpu"))
+    out = torch.empty(4, 6, device="meta")
+    a, b = (
+        torch.empty(4, 5, device="meta", dtype=torch.bfloat16),
+        torch.empty(5, 6, device="meta", dtype=torch.bfloat16),
+    )
+    torch.ops.gradacc.wgrad_addmm_(out, a, b, 1.0, 1.0)
+    with pytest.raises(TypeError, match="out must be float32"):
+        torch.ops.gradacc.wgrad_addmm_(out.bfloat16(), a, b, 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"out must be \[4, 6\]"):
+        torch.ops.gradacc.wgrad_addmm_(out[:3], a, b, 1.0, 1.0)
+    with pytest.raises(TypeError, match="both be float16 or bfloat16"):
+        torch.ops.gradacc.wgrad_addmm_(out, a.float(), b, 1.0, 1.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["cuda_bf16", "cuda_fp16"])
+def test_cuda_wgrad_op_and_bf16_fused_window(dtype):
+    """On CUDA: the op (opcheck, float64 oracle) and a bf16-param model fused with fp32 buffers."""
+    assert wgrad.probe(torch.device("cuda")) is None
+    g = torch.Generator(device="cpu").manual_seed(5)
+    a = torch.randn(33, 65, generator=g).to("cuda", dtype)
+    b = torch.randn(65, 17, generator=g).to("cuda", dtype)
+    out = torch.randn(33, 17, generator=g).cuda()
+    want = out.double() + 0.25 * (a.double() @ b.double())
+    torch.ops.gradacc.wgrad_addmm_(out, a, b, 1.0, 0.25)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    torch.library.opcheck(torch.ops.gradacc.wgrad_addmm_.default, (out, a, b, 1.0, 0.5))
+    seed, n = 3, 4
+    batches = [(x.cuda().to(dtype), y.cuda().to(dtype)) for x, y in make_batches(n, torch.float32, seed)]
+    model = make_model(torch.float32, seed).cuda().to(dtype)
+    ref = make_model(torch.float32, seed).cuda().to(dtype).double()  # the same (rounded) parameters
+    cfg = GradientAccumulationConfig(accumulation_steps=n + 1, loss_normalization="none", **FUSION)  # stays open
+    acc = GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg)
+    assert acc.stats.fused_linear_params == 4, acc.stats.linear_fusion_fallbacks
+    for xb, yb in batches:
+        with acc.micro_step():
+            acc.backward(F.mse_loss(model(xb).float(), yb.float()))
+        F.mse_loss(ref(xb.double()), yb.double()).backward()
+    for v, p, q in zip(acc._buffers.views, model.parameters(), ref.parameters(), strict=True):
+        assert v.dtype == torch.float32 and p.grad is None
+        torch.testing.assert_close(v.double(), q.grad, rtol=3e-2, atol=3e-3)  # bf16 activations vs float64 ones
+    acc.close()
