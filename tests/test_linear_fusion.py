@@ -9,12 +9,21 @@ model exactly as it was. Inputs are [batch, seq, features] with odd sizes so the
 
 from __future__ import annotations
 
+import gc
 import math
+import os
+import time
 import warnings
+from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn.functional as F
+from test_ddp import DTYPE, SEED, WORLD, free_port, global_batches, loss_and_items, reference, shard
+from test_ddp import N as DDP_N
+from test_ddp import make_model as ddp_model
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -145,8 +154,6 @@ def test_close_restores_the_model_exactly():
         model, torch.optim.SGD(model.parameters(), lr=0.1), GradientAccumulationConfig(accumulation_steps=2, **FUSION)
     )
     del acc
-    import gc
-
     gc.collect()
     assert [dict(vars(m)) for m in model.modules()] == before
 
@@ -225,7 +232,9 @@ class TiedLM(nn.Module):
         x = self.emb(tokens)
         if not self.late:
             return self.head(torch.tanh(self.mid(x)))
-        logits = checkpoint(lambda t: self.head(torch.tanh(self.mid(t))), x.detach().requires_grad_(), use_reentrant=True)
+        logits = checkpoint(
+            lambda t: self.head(torch.tanh(self.mid(t))), x.detach().requires_grad_(), use_reentrant=True
+        )
         return logits + self.emb(tokens.flip(-1)).sum(-1, keepdim=True)
 
 
@@ -481,3 +490,43 @@ def test_cuda_wgrad_op_and_bf16_fused_window(dtype):
         assert v.dtype == torch.float32 and p.grad is None
         torch.testing.assert_close(v.double(), q.grad, rtol=3e-2, atol=3e-3)  # bf16 activations vs float64 ones
     acc.close()
+
+
+def ddp_worker(rank: int, port: int) -> None:
+    torch.set_num_threads(1)  # a forked child must not reuse the parent's OpenMP pool
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=30))
+    try:
+        for mode in ("mean", "sum"):
+            model = nn.parallel.DistributedDataParallel(ddp_model(DTYPE, SEED))
+            opt = torch.optim.AdamW(model.parameters(), lr=0.03, weight_decay=0.1)
+            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+            cfg = GradientAccumulationConfig(
+                accumulation_steps=DDP_N, max_grad_norm=0.5, loss_normalization=mode, **FUSION
+            )
+            acc = GradientAccumulator(model, opt, cfg, sched)
+            assert acc.stats.fused_linear_params == 4
+            for batch in global_batches(mode):
+                with acc.micro_step():  # no_sync: DDP's reducer never waits for the fused weights
+                    loss, items = loss_and_items(model, shard(batch, rank), mode)
+                    acc.backward(loss, num_items=items)
+            acc.flush()
+            for p, q in zip(model.module.parameters(), reference(mode).parameters(), strict=True):
+                torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
+            acc.close()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="gloo backend not available")
+def test_ddp_buffer_reduce_two_ranks_equals_full_batch():
+    """DDP with no_sync micro-steps and the whole-buffer all-reduce: the fused window equals the full batch."""
+    method = "spawn" if torch.cuda.is_initialized() else "fork"
+    ctx = mp.start_processes(ddp_worker, args=(free_port(),), nprocs=WORLD, join=False, start_method=method)
+    deadline = time.monotonic() + 90
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in ctx.processes:
+                process.kill()
+            pytest.fail("DDP workers did not finish within 90 s (a hang)")
