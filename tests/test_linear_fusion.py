@@ -9,7 +9,9 @@ model exactly as it was. Inputs are [batch, seq, features] with odd sizes so the
 
 from __future__ import annotations
 
+import copy
 import gc
+import io
 import math
 import os
 import time
@@ -156,6 +158,29 @@ def test_close_restores_the_model_exactly():
     del acc
     gc.collect()
     assert [dict(vars(m)) for m in model.modules()] == before
+
+
+def test_deepcopy_while_owned_is_a_plain_model_and_pickling_is_refused():
+    """An EMA-style copy.deepcopy(model) computes like nn.Linear and never writes the accumulator's buffers."""
+    model = make_model(torch.float64, 9)
+    acc = GradientAccumulator(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), GradientAccumulationConfig(accumulation_steps=2, **FUSION)
+    )
+    twin = copy.deepcopy(model)
+    x, y = make_batches(1, torch.float64, 9)[0]
+    with torch.no_grad():
+        twin[0].weight.add_(1.0)  # the copy computes with its own parameters ...
+        torch.testing.assert_close(twin[0](x), F.linear(x, twin[0].weight, twin[0].bias), rtol=0, atol=0)
+        twin[0].weight.sub_(1.0)
+    with acc.micro_step():
+        F.mse_loss(twin(x), y).backward()  # armed by nothing: the copy's gradients go to its own .grad
+        acc.backward(F.mse_loss(model(x), y))
+    for view, p in zip(acc._buffers.views, twin.parameters(), strict=True):
+        torch.testing.assert_close(view, p.grad, **TOL[torch.float64])
+    with pytest.raises(TypeError, match="cannot be pickled while the accumulator owns the model"):
+        torch.save(model, io.BytesIO())
+    acc.close()
+    torch.save(model, io.BytesIO())
 
 
 def test_fp16_loss_scaling_with_injected_overflow_equals_hooks_path():
@@ -410,6 +435,36 @@ def test_autocast_bf16_over_fp32_params_on_cpu_matches_hooks_path():
         models[fused] = model
     for p, q in zip(models[True].parameters(), models[False].parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=2e-2, atol=2e-3)
+
+
+def test_failed_backward_undoes_fused_first_writes_and_discards_a_mixed_window():
+    """A backward that fails after a fused Linear wrote: the window's first micro-step is undone exactly (the
+    view is unmarked, as for a hooks-path fold); a later one cannot be, so the window is discarded."""
+    dtype, n, seed = torch.float64, 2, 47
+    batches = make_batches(4, dtype, seed)
+    model, ref = make_model(dtype, seed), make_model(dtype, seed)
+    cfg = GradientAccumulationConfig(accumulation_steps=n, **FUSION)
+    acc = GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), cfg)
+
+    def failing_step(batch):
+        with pytest.raises(ZeroDivisionError):
+            with acc.micro_step():
+                h = model[0](batch[0])
+                h.register_hook(lambda g: 1 / 0)  # after model[2]'s fused write, before model[0]'s
+                acc.backward(F.mse_loss(model[2](torch.tanh(h)), batch[1]))
+
+    failing_step(batches[0])
+    assert acc._buffers.seen == [False] * 4 and acc.micro_steps_in_window == 0
+    with acc.micro_step():
+        acc.backward(micro_loss(model, batches[0], "mean", n)[0])
+    with pytest.warns(RuntimeWarning, match="the open window was discarded"):
+        failing_step(batches[1])
+    assert acc.micro_steps_in_window == 0
+    for batch in batches:
+        with acc.micro_step():
+            acc.backward(micro_loss(model, batch, "mean", n)[0])
+    plain_loop(ref, batches, n, "mean")
+    assert_params_close(model, ref, dtype)
 
 
 def test_bad_input():

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import types
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -137,6 +138,18 @@ class _FusedForward:
         if torch.compiler.is_compiling() or not torch.is_grad_enabled():
             return F.linear(x, module.weight, module.bias)  # traced graphs: the hooks path takes the gradient
         return _FusedLinear.apply(x, module.weight, module.bias, self.slot)
+
+    def __deepcopy__(self, memo: dict) -> object:
+        # copy.deepcopy(model) while owned (an EMA copy): the copy is a plain Linear, never writing our buffers.
+        # deepcopy registers the new module in memo before copying its __dict__.
+        copy = memo.get(id(self.module_ref()))
+        return types.MethodType(nn.Linear.forward, copy) if copy is not None else self
+
+    def __reduce__(self) -> tuple:
+        raise TypeError(
+            f"GradientAccumulator (gradient_accumulation_fusion): {self.name} cannot be pickled while the accumulator "
+            "owns the model; save model.state_dict(), or close() the accumulator first"
+        )
 
 
 class LinearFusion:
