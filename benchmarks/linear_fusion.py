@@ -41,11 +41,13 @@ CONTENDERS = ("plain loop", "hooks path", "fused path")
 MICRO = 4
 
 
-def build(args: argparse.Namespace, contender: str, steps: int) -> tuple[torch.nn.Module, object]:
+def build(
+    args: argparse.Namespace, contender: str, steps: int, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> tuple[torch.nn.Module, object]:
     """The model (same seed for all) and what runs a micro-step: the optimizer (plain) or the accumulator."""
     torch.manual_seed(0)
     config = ModelConfig(args.vocab, args.ctx + 1, args.width, args.heads, args.layers)
-    model = TinyCausalLM(config)
+    model = TinyCausalLM(config).to(device, dtype)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     if contender == "plain loop":
         return model, opt
@@ -56,12 +58,12 @@ def build(args: argparse.Namespace, contender: str, steps: int) -> tuple[torch.n
     return model, GradientAccumulator(model, opt, cfg)
 
 
-def batches(args: argparse.Namespace, n: int, shape: tuple[int, int] | None = None) -> list[Batch]:
+def batches(args: argparse.Namespace, n: int, shape: tuple[int, int] | None = None, device: str = "cpu") -> list:
     """n micro-batches of `shape` (rows, tokens; default the args' micro-batch and ctx) of random tokens."""
     rows, ctx = shape or (args.micro_batch, args.ctx)
     g = torch.Generator().manual_seed(1)
-    tokens = [torch.randint(1, args.vocab, (rows, ctx + 1), generator=g) for _ in range(n)]
-    return [Batch(t, torch.full((rows,), ctx + 1)) for t in tokens]
+    tokens = [torch.randint(1, args.vocab, (rows, ctx + 1), generator=g).to(device) for _ in range(n)]
+    return [Batch(t, torch.full((rows,), ctx + 1, device=device)) for t in tokens]
 
 
 def micro_step(model: torch.nn.Module, runner: object, batch: Batch) -> None:
@@ -102,42 +104,61 @@ def memory_row(args: argparse.Namespace, contender: str, shape: tuple[int, int])
     }
 
 
-def time_row(args: argparse.Namespace, contenders: tuple[str, ...], threads: int) -> list[dict]:
-    """Mean micro-step time per contender, windows interleaved round-robin (load drift hits all alike)."""
+def time_row(args: argparse.Namespace, contenders: tuple[str, ...], threads: int, device: str = "cpu") -> list[dict]:
+    """Mean micro-step time per contender, windows interleaved round-robin (load drift hits all alike).
+
+    On CUDA: bf16 parameters (fp32 buffers for the accumulator), synchronised around each window."""
     torch.set_num_threads(threads)
-    runs = {c: build(args, c, steps=MICRO) for c in contenders}
-    data = batches(args, MICRO)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    runs = {c: build(args, c, MICRO, device, dtype) for c in contenders}
+    data = batches(args, MICRO, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else lambda: None
     times: dict[str, list[float]] = {c: [] for c in contenders}
     for rep in range(args.windows + 1):  # the first window warms up
         for c, (model, runner) in runs.items():
+            sync()
             start = time.perf_counter()
             for batch in data:
                 micro_step(model, runner, batch)
             if not isinstance(runner, GradientAccumulator):
                 runner.step()
                 runner.zero_grad(set_to_none=True)
+            sync()
             if rep:
                 times[c].append((time.perf_counter() - start) / MICRO)
-    return [{"contender": c, "threads": threads, "micro_step_ms": 1e3 * statistics.median(t)} for c, t in times.items()]
+    return [
+        {"contender": c, "threads": threads, "device": device, "micro_step_ms": 1e3 * statistics.median(t)}
+        for c, t in times.items()
+    ]
 
 
-def precision_rows(steps: tuple[int, ...], out_f: int = 256, in_f: int = 256, rows: int = 512) -> list[dict]:
-    """Relative Frobenius error of a window's weight gradient vs float64, for bf16-valued inputs."""
+def precision_rows(
+    steps: tuple[int, ...], device: str = "cpu", out_f: int = 256, in_f: int = 256, rows: int = 512
+) -> list[dict]:
+    """Relative Frobenius error of a window's weight gradient vs float64, for bf16 inputs.
+
+    CPU emulates the bf16 GEMM (fp32 products rounded to bf16); CUDA runs the real kernels: a bf16 torch.mm
+    for the hooks path and the plain loop, gradacc.wgrad_addmm_ for the fused path.
+    """
     g = torch.Generator().manual_seed(2)
     result = []
     for k in steps:
-        ref = torch.zeros(out_f, in_f, dtype=torch.float64)
-        hooks = torch.zeros(out_f, in_f)
-        fused = torch.zeros(out_f, in_f)
-        plain = torch.zeros(out_f, in_f, dtype=torch.bfloat16)
+        ref = torch.zeros(out_f, in_f, dtype=torch.float64, device=device)
+        hooks = torch.zeros(out_f, in_f, device=device)
+        fused = torch.zeros(out_f, in_f, device=device)
+        plain = torch.zeros(out_f, in_f, dtype=torch.bfloat16, device=device)
         for _ in range(k):
-            gy = torch.randn(rows, out_f, generator=g).bfloat16().float()  # what a bf16 model's tensors hold
-            x = torch.randn(rows, in_f, generator=g).bfloat16().float()
-            dw = gy.t() @ x  # the GEMM accumulates in fp32
+            gy = torch.randn(rows, out_f, generator=g).to(device, torch.bfloat16)  # what a bf16 model's tensors hold
+            x = torch.randn(rows, in_f, generator=g).to(device, torch.bfloat16)
             ref += gy.double().t() @ x.double()
-            hooks += dw.bfloat16().float()  # today: cuBLAS writes a bf16 dW, the hook adds it into fp32
-            fused.addmm_(gy.t(), x)  # fused: the fp32 result goes straight into the fp32 buffer
-            plain += dw.bfloat16()  # plain bf16 loop: AccumulateGrad adds in bf16
+            if device == "cuda":
+                dw = gy.t() @ x  # cuBLAS: fp32 accumulation, bf16 output
+                torch.ops.gradacc.wgrad_addmm_(fused, gy.t(), x, 1.0, 1.0)
+            else:
+                dw = (gy.float().t() @ x.float()).bfloat16()  # the GEMM accumulates in fp32 and writes bf16
+                fused.addmm_(gy.float().t(), x.float())  # fused: the fp32 result goes straight into the buffer
+            hooks += dw.float()  # today: the hook adds the bf16 dW into the fp32 buffer
+            plain += dw  # plain bf16 loop: AccumulateGrad adds in bf16
         norm = ref.norm()
         result.append(
             {
@@ -161,19 +182,24 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=3)
     parser.add_argument("--windows", type=int, default=3, help="timed windows per contender and thread count")
     parser.add_argument("--skip-time", action="store_true")
+    parser.add_argument("--cuda", action="store_true", help="also: bf16 time and the real kernels' precision on CUDA")
     args = parser.parse_args()
     torch.set_num_threads(1)
     # Activation-dominated (the default micro-batch) and gradient-dominated (one short sequence) peaks.
     memory = [memory_row(args, c, shape) for shape in ((args.micro_batch, args.ctx), (1, 16)) for c in CONTENDERS]
     timing = [] if args.skip_time else [r for t in (1, 2) for r in time_row(args, CONTENDERS, t)]
-    precision = precision_rows((4, 16, 64))
+    precision = {"cpu": precision_rows((4, 16, 64))}
+    if args.cuda:
+        timing += time_row(args, CONTENDERS, 1, "cuda")
+        precision["cuda"] = precision_rows((4, 16, 64), "cuda")
     write(args, memory, timing, precision)
 
 
-def write(args: argparse.Namespace, memory: list[dict], timing: list[dict], precision: list[dict]) -> None:
+def write(args: argparse.Namespace, memory: list[dict], timing: list[dict], precision: dict[str, list]) -> None:
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=8", "HEAD"], capture_output=True, text=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    stem = ROOT / "benchmarks" / "results" / f"{stamp}_linear_fusion_cpu_{commit.stdout.strip()}"
+    device = "cuda" if args.cuda else "cpu"
+    stem = ROOT / "benchmarks" / "results" / f"{stamp}_linear_fusion_{device}_{commit.stdout.strip()}"
     n = memory[0]["params"]
     lines = [
         f"Linear fusion, CPU fp32, torch {torch.__version__}, commit {commit.stdout.strip()}: demo TinyCausalLM, "
@@ -191,31 +217,40 @@ def write(args: argparse.Namespace, memory: list[dict], timing: list[dict], prec
             f"| {rows} x {ctx} | {r['contender']} | {r['fused'] / n:.1%} | {r['peak'] / n:.2f} | "
             f"{r['end'] / n:.2f} | {r['dw_allocs']} |"
         )
-    if timing:
+    cpu_timing = [r for r in timing if r["device"] == "cpu"]
+    if cpu_timing:
         load = os.getloadavg()
         lines += [
             "",
-            f"Micro-step time (ms, median of {args.windows} windows; load average {load[0]:.2f} "
+            f"CPU fp32 micro-step time (ms, median of {args.windows} windows; load average {load[0]:.2f} "
             f"{load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs: shared machine, indicative only)",
             "",
             "| contender | 1 thread | 2 threads |",
             "|---|---:|---:|",
         ]
         for c in CONTENDERS:
-            ms = {r["threads"]: r["micro_step_ms"] for r in timing if r["contender"] == c}
+            ms = {r["threads"]: r["micro_step_ms"] for r in cpu_timing if r["contender"] == c}
             lines.append(f"| {c} | {ms[1]:.1f} | {ms[2]:.1f} |")
-    lines += [
-        "",
-        "Precision: relative error of a 256x256 Linear's window gradient (512 rows per micro-step, "
-        "bf16-valued inputs) vs float64, emulated on CPU",
-        "",
-        "| micro-steps | hooks path (bf16 dW into fp32) | fused path (fp32 GEMM into fp32) | plain bf16 loop |",
-        "|---:|---:|---:|---:|",
-    ]
-    for r in precision:
-        lines.append(
-            f"| {r['micro_steps']} | {r['hooks path']:.2e} | {r['fused path']:.2e} | {r['plain bf16 loop']:.2e} |"
-        )
+    cuda_timing = [r for r in timing if r["device"] == "cuda"]
+    if cuda_timing:
+        lines += ["", f"CUDA ({torch.cuda.get_device_name()}) bf16 params, fp32 buffers: micro-step ms", ""]
+        lines += ["| contender | ms |", "|---|---:|"] + [
+            f"| {r['contender']} | {r['micro_step_ms']:.2f} |" for r in cuda_timing
+        ]
+    for dev, rows in precision.items():
+        how = "the real kernels on CUDA" if dev == "cuda" else "emulated on CPU"
+        lines += [
+            "",
+            f"Precision: relative error of a 256x256 Linear's window gradient (512 rows per micro-step, bf16 "
+            f"inputs) vs float64, {how}",
+            "",
+            "| micro-steps | hooks path (bf16 dW into fp32) | fused path (fp32 GEMM into fp32) | plain bf16 loop |",
+            "|---:|---:|---:|---:|",
+        ]
+        for r in rows:
+            lines.append(
+                f"| {r['micro_steps']} | {r['hooks path']:.2e} | {r['fused path']:.2e} | {r['plain bf16 loop']:.2e} |"
+            )
     stem.with_suffix(".json").write_text(
         json.dumps({"args": vars(args), "memory": memory, "timing": timing, "precision": precision}, indent=1)
     )
