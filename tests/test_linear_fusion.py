@@ -13,19 +13,15 @@ import copy
 import gc
 import io
 import math
-import os
-import time
 import warnings
-from datetime import timedelta
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
-from test_ddp import DTYPE, SEED, WORLD, free_port, global_batches, loss_and_items, reference, shard
-from test_ddp import N as DDP_N
-from test_ddp import make_model as ddp_model
+from _dist import STEPS, TOL64, assert_params_equal, global_batches, launch, loss_and_items, needs_gloo, shard
+from _dist import make_model as dist_model
+from _dist import make_optimizer as dist_optimizer
+from _dist import reference as dist_reference
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -232,12 +228,11 @@ def test_resume_mid_window_equals_uninterrupted(mode):
     acc.flush()
     model1, opt1, acc1 = build()
     feed(acc1, model1, batches[:cut])
-    state = {"model": model1.state_dict(), "opt": opt1.state_dict(), "acc": acc1.state_dict()}
+    states = [obj.state_dict() for obj in (model1, opt1, acc1)]
     acc1.close()
     model2, opt2, acc2 = build()
-    model2.load_state_dict(state["model"])
-    opt2.load_state_dict(state["opt"])
-    acc2.load_state_dict(state["acc"])
+    for obj, state in zip((model2, opt2, acc2), states, strict=True):
+        obj.load_state_dict(state)
     feed(acc2, model2, batches[cut:])
     acc2.flush()
     assert_params_close(model2, model, dtype)
@@ -547,41 +542,25 @@ def test_cuda_wgrad_op_and_bf16_fused_window(dtype):
     acc.close()
 
 
-def ddp_worker(rank: int, port: int) -> None:
-    torch.set_num_threads(1)  # a forked child must not reuse the parent's OpenMP pool
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=30))
-    try:
-        for mode in ("mean", "sum"):
-            model = nn.parallel.DistributedDataParallel(ddp_model(DTYPE, SEED))
-            opt = torch.optim.AdamW(model.parameters(), lr=0.03, weight_decay=0.1)
-            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
-            cfg = GradientAccumulationConfig(
-                accumulation_steps=DDP_N, max_grad_norm=0.5, loss_normalization=mode, **FUSION
-            )
-            acc = GradientAccumulator(model, opt, cfg, sched)
-            assert acc.stats.fused_linear_params == 4
-            for batch in global_batches(mode):
-                with acc.micro_step():  # no_sync: DDP's reducer never waits for the fused weights
-                    loss, items = loss_and_items(model, shard(batch, rank), mode)
-                    acc.backward(loss, num_items=items)
-            acc.flush()
-            for p, q in zip(model.module.parameters(), reference(mode).parameters(), strict=True):
-                torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
-            acc.close()
-    finally:
-        dist.destroy_process_group()
+def ddp_worker(rank: int, world: int) -> None:
+    for kind in ("mean", "sum", "items"):
+        model = nn.parallel.DistributedDataParallel(dist_model())
+        opt = dist_optimizer(model.parameters())
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+        mode = "sum" if kind == "sum" else "mean"
+        cfg = GradientAccumulationConfig(accumulation_steps=STEPS, max_grad_norm=0.5, loss_normalization=mode, **FUSION)
+        acc = GradientAccumulator(model, opt, cfg, sched)
+        assert acc.stats.fused_linear_params == 4
+        for batch in global_batches(kind, world, seed=5):
+            with acc.micro_step():  # no_sync: DDP's reducer never waits for the fused weights' gradients
+                acc.backward(*loss_and_items(model, shard(batch, rank)))
+        acc.flush()
+        assert_params_equal(model.module, dist_reference(kind, world, seed=5), **TOL64)
+        acc.close()
 
 
 @pytest.mark.distributed
-@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="gloo backend not available")
+@needs_gloo
 def test_ddp_buffer_reduce_two_ranks_equals_full_batch():
     """DDP with no_sync micro-steps and the whole-buffer all-reduce: the fused window equals the full batch."""
-    method = "spawn" if torch.cuda.is_initialized() else "fork"
-    ctx = mp.start_processes(ddp_worker, args=(free_port(),), nprocs=WORLD, join=False, start_method=method)
-    deadline = time.monotonic() + 90
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in ctx.processes:
-                process.kill()
-            pytest.fail("DDP workers did not finish within 90 s (a hang)")
+    launch(ddp_worker, 2, timeout=90)
