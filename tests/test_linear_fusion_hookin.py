@@ -16,6 +16,19 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from _dist import (
+    STEPS,
+    assert_params_equal,
+    global_batches,
+    launch,
+    loss_and_items,
+    make_optimizer,
+    needs_gloo,
+    reference,
+    shard,
+)
+from test_fsdp import SEED as FSDP_SEED
+from test_fsdp import fsdp_model
 from test_linear_fusion import (
     FUSION,
     HIDDEN,
@@ -28,6 +41,7 @@ from test_linear_fusion import (
     plain_loop,
 )
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from gradacc_ext.accumulate.accumulator import GradientAccumulator
 from gradacc_ext.accumulate.config import GradientAccumulationConfig
@@ -246,3 +260,26 @@ def test_wgrad_op_fake_kernel_and_cpu_probe():
         torch.ops.gradacc.wgrad_addmm_(out[:3], a, b, 1.0, 1.0)
     with pytest.raises(TypeError, match="both be float16 or bfloat16"):
         torch.ops.gradacc.wgrad_addmm_(out, a.float(), b, 1.0, 1.0)
+
+
+def fsdp_worker(rank: int, world: int) -> None:
+    model = fsdp_model(init_device_mesh("cpu", (world,)))
+    opt = make_optimizer(model.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+    config = GradientAccumulationConfig(accumulation_steps=STEPS, max_grad_norm=0.5, **FUSION)
+    acc = GradientAccumulator(model, opt, config, sched)
+    fallbacks = acc.stats.linear_fusion_fallbacks
+    assert acc.stats.fused_linear_params == 0 and set(fallbacks) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert all("FSDP2" in why for why in fallbacks.values()) and "forward" not in vars(model[0])
+    for batch in global_batches("mean", world, FSDP_SEED):
+        with acc.micro_step():
+            acc.backward(*loss_and_items(model, shard(batch, rank)))
+    acc.flush()
+    assert_params_equal(model, reference("mean", world, FSDP_SEED))
+
+
+@pytest.mark.distributed
+@needs_gloo
+def test_fsdp2_parameters_fall_back_per_parameter_with_reason():
+    """FSDP2 produces sharded gradients by reduce-scatter: its DTensor parameters stay on the hooks path."""
+    launch(fsdp_worker, 2, timeout=90)
