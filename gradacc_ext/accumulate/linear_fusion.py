@@ -40,8 +40,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import wgrad
-from ..optim._shards import is_sharded
-from .buffers import LOW_PRECISION
 from .hooks import GradHooks
 from .stats import AccumulatorStats
 
@@ -210,11 +208,11 @@ class LinearFusion:
             return "the model is torch.compile'd: the compiled graph computes the weight gradients"
         if type(linear).forward is not nn.Linear.forward or "forward" in vars(linear):
             return f"{type(linear).__name__} has its own forward (only nn.Linear's F.linear is fused)"
-        if is_sharded(linear.weight) or buffers.layout[w] is not linear.weight:
+        if buffers.layout[w] is not linear.weight:  # the buffers hold its local shard
             return "an FSDP2 (DTensor) parameter: FSDP2's reduce-scatter produces its gradient"
         if linear.bias is not None and linear.bias.dtype != linear.weight.dtype:
             return f"bias dtype {linear.bias.dtype} differs from weight dtype {linear.weight.dtype}"
-        if buffers.buf_dtypes[w] != linear.weight.dtype and linear.weight.dtype in LOW_PRECISION:
+        if buffers.buf_dtypes[w] != linear.weight.dtype and linear.weight.dtype in wgrad.LOW_PRECISION:
             return wgrad.probe(linear.weight.device)
         return None
 
