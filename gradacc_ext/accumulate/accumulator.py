@@ -33,6 +33,7 @@ from .buffers import GradBuffers
 from .checkpoint import AccumulatorCheckpointing, Checkpoint
 from .config import GradientAccumulationConfig
 from .hooks import GradHooks
+from .linear_fusion import LinearFusion
 from .loss_checks import MigrationChecks
 from .loss_scale import LossScale
 from .observing import AccumulatorObserving
@@ -140,12 +141,16 @@ class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, Accumulator
         self._checkpoint = Checkpoint(c, self._window, self._buffers, self.stats, self._loss_scale, self._stepper)
         self._report = StatsReport(c, self._window, self.stats, self._loss_scale, self._end.norm, self.device)
         self._hooks = GradHooks(self.params, self._buffers, c.bucket_size_bytes, c.grad_views)  # last: registers hooks
+        fusion = c.gradient_accumulation_fusion  # installs fused Linear forwards (after the hooks it writes beside)
+        self._fusion = LinearFusion(self.module, self.params, self._hooks, self.stats) if fusion else None
 
     # -- owning the hooks -------------------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Removes the hooks: the parameters get plain .grad behaviour again. Does not apply the open window."""
         if self.attached:  # an accumulator never attached has no hooks
+            if self._fusion is not None:
+                self._fusion.close()
             self._hooks.close()
 
     def __enter__(self) -> GradientAccumulator:

@@ -116,7 +116,11 @@ class GradientAccumulationConfig:
         activations (re-created, without a zeroing pass, by the next window);
       grad_views: between micro-steps of a window, make param.grad a view of
         its buffer where the dtypes match, so autograd accumulates in place
-        (DDP's gradient_as_bucket_view); off by default, see benchmarks/NOTES.md.
+        (DDP's gradient_as_bucket_view); off by default, see benchmarks/NOTES.md;
+      gradient_accumulation_fusion: every trainable nn.Linear computes its
+        weight gradient straight into its buffer view (Megatron-LM's name):
+        no transient dW, no extra pass; not with grad_views or
+        ddp_reduce='overlap' (docs/linear-fusion.md).
     backend: "auto" (compiled kernels when available), "ext" or "torch" (reference).
     Data parallel (gradacc_ext.distributed; README "Distributed")
       sharding: "auto" (from the model's mesh), "fsdp" (1-D mesh) or "hsdp"
@@ -152,6 +156,7 @@ class GradientAccumulationConfig:
     bucket_size_bytes: int = 1  # fold each gradient as it arrives: no queue beside the buffers
     release_buffers: bool = False
     grad_views: bool = False
+    gradient_accumulation_fusion: bool = False
     backend: str = "auto"
     sharding: str = "auto"
     fsdp_reduce: str = "micro_step"
@@ -211,11 +216,27 @@ class GradientAccumulationConfig:
             raise ValueError(f"GradientAccumulationConfig.release_buffers must be a bool, got {self.release_buffers!r}")
         if not isinstance(self.grad_views, bool):
             raise ValueError(f"GradientAccumulationConfig.grad_views must be a bool, got {self.grad_views!r}")
+        self._check_fusion()
         _choice("backend", self.backend, BACKENDS)
         _choice("sharding", self.sharding, SHARDING)
         _choice("fsdp_reduce", self.fsdp_reduce, FSDP_REDUCE)
         _choice("ddp_reduce", self.ddp_reduce, DDP_REDUCE)
         _choice("comm_dtype", self.comm_dtype, COMM_DTYPES)
+
+    def _check_fusion(self) -> None:
+        if not isinstance(self.gradient_accumulation_fusion, bool):
+            raise ValueError(
+                "GradientAccumulationConfig.gradient_accumulation_fusion must be a bool, "
+                f"got {self.gradient_accumulation_fusion!r}"
+            )
+        # Both hand param.grad to autograd, which the fused Linears never give a weight gradient.
+        conflicts = {"grad_views=True": self.grad_views, "ddp_reduce='overlap'": self.ddp_reduce == "overlap"}
+        for name, conflict in conflicts.items():
+            if self.gradient_accumulation_fusion and conflict:
+                raise ValueError(
+                    f"GradientAccumulationConfig.gradient_accumulation_fusion=True cannot be combined with {name}: "
+                    "the fused Linears write their gradients into the buffers, never into param.grad"
+                )
 
     def _derive_steps(self) -> None:
         sizes_given = self.target_batch_size is not None or self.micro_batch_size is not None

@@ -110,10 +110,23 @@ class GradHooks:
         self.armed = False
         return not self._folded_again
 
+    def write_directly(self, i: int) -> bool:
+        """A writer beside the hooks (linear_fusion.py) writes view i itself now: True to add, False to assign.
+
+        It is booked as a fold: abort() can undo a first write, not an addition to an earlier micro-step's sum.
+        """
+        self.buffers._ensure()
+        again = self.buffers.seen[i]
+        self._folded_again |= again
+        if not again:
+            self.buffers.seen[i] = True
+            self._assigned.append(i)
+        return again
+
     def _ready(self, i: int, param: torch.Tensor) -> None:
         if not self.armed:
             self.views.check_unarmed(i)
-        elif not self.views.owns(i):
+        elif not self.views.owns(i) and param.grad is not None:  # None: a fused Linear wrote it (linear_fusion.py)
             self._take(i, param)
 
     def _take(self, i: int, param: torch.Tensor) -> None:

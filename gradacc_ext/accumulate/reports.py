@@ -75,6 +75,8 @@ class StatsReport:
             "memory_usage": list(self.stats.memory_usage),
             "fused_step": self.stats.fused_step,
             "fused_step_reason": self.stats.fused_step_reason,
+            "fused_linear_params": self.stats.fused_linear_params,
+            "linear_fusion_fallbacks": dict(self.stats.linear_fusion_fallbacks),
             "time_per_micro_step_s": self.stats.mean_micro_step_time(),
             "time_per_step_s": step_time,
             "avg_accumulation_time": step_time,

@@ -54,6 +54,8 @@ class AccumulatorStats:
         self._callbacks: OrderedDict[int, Callable[[StepInfo], None]] = OrderedDict()
         self.fused_step = False  # whether windows end in the fused optimizer pass (set by WindowEnd) ...
         self.fused_step_reason = ""  # ... and why not
+        self.fused_linear_params = 0  # parameters whose gradient nn.Linear writes into the buffers (linear_fusion.py)
+        self.linear_fusion_fallbacks: dict[str, str] = {}  # parameter name -> why it is not fused
         self.reset()
 
     def reset(self) -> None:
