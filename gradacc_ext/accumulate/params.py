@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..optim._shards import is_sharded
+from ..optim.shards import is_sharded
 
 
 def trainable(model_or_params: torch.nn.Module | Any) -> tuple[torch.nn.Module | None, list[torch.nn.Parameter]]:

@@ -17,6 +17,8 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.nn.parallel import DistributedDataParallel
 
+from ..ops.constants import HALF_DTYPES
+
 if TYPE_CHECKING:
     from ..accumulate.config import GradientAccumulationConfig
 
@@ -62,7 +64,7 @@ def check_setup(
         )
     if config.ddp_reduce == "overlap" and config.accum_dtype is not None:
         names = _names(module, params)
-        low = [(n, p.dtype) for n, p in zip(names, params, strict=True) if p.dtype in (torch.float16, torch.bfloat16)]
+        low = [(n, p.dtype) for n, p in zip(names, params, strict=True) if p.dtype in HALF_DTYPES]
         if low:
             raise ValueError(
                 f"GradientAccumulationConfig.ddp_reduce='overlap' hands the buffers to DDP as param.grad, so they must "
