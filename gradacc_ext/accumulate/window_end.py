@@ -15,10 +15,10 @@ Two ways through the same sequence:
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import torch
 
+from ..distributed.base import LocalSync
 from ..ops.constants import DEFAULT_EPS
 from ..optim.fused_step import FusedStep, fused_step_for
 from .buffers import GradBuffers
@@ -38,7 +38,7 @@ class WindowEnd:
         self,
         config: GradientAccumulationConfig,
         buffers: GradBuffers,
-        sync: Any,
+        sync: LocalSync,
         loss_scale: LossScale | None,
         stepper: OptimizerStepper,
         stats: AccumulatorStats,

@@ -35,4 +35,3 @@ def norm_from_partial(total: torch.Tensor, norm_type: float) -> torch.Tensor:
     if math.isinf(norm_type) or norm_type == 0:
         return total
     return total.sqrt() if norm_type == 2 else total.pow(1.0 / norm_type)
-
