@@ -11,6 +11,7 @@ import warnings
 
 import torch
 
+from . import param_grads
 from .window import weigh_loss
 
 
@@ -45,16 +46,15 @@ class AccumulatorBackprop:
             # Backward runs outside autocast (torch's recommendation); ops reuse the forward's dtypes.
             with torch.autocast(self.device.type, enabled=False):
                 backpropagated.reshape(()).backward()
-            self._hooks.finish() if folds else self._drop_grads()
+            self._hooks.fold_rest() if folds else self._drop_grads()
         except BaseException:
             self._abort_backward(undoable=folds)
             raise
-        self._window.commit(weighted, count)
+        self._window.commit(weighted, count, completes_micro_batch)
         last = scaled.detach()  # mse_loss's 0-d loss views its micro-batch's losses: hold only the value
         self._last_backpropagated = last.clone() if last.untyped_storage().nbytes() > last.element_size() else last
         self._backward_done = True
         if completes_micro_batch:
-            self._window.micro += 1
             self.stats.micro_step()
         if final:
             self._end.close(self._window)
@@ -74,5 +74,4 @@ class AccumulatorBackprop:
             )
 
     def _drop_grads(self) -> None:
-        for p in self.params:
-            p.grad = None
+        param_grads.clear(self.params)

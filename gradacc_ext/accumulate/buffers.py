@@ -31,6 +31,7 @@ from .. import ops
 from ..ops import reference
 from ..ops.constants import DEFAULT_EPS, HALF_DTYPES
 from ..optim.shards import is_sharded
+from . import param_grads
 
 ALIGN = 16  # bytes: one 128-bit vector load; the CUDA kernels' vector width and the CPU's SSE/NEON width
 
@@ -217,7 +218,8 @@ class GradBuffers:
             # One fused cast per window into copies that live only until release().
             torch._foreach_copy_([copies[i] for i in cast], [self.views[i] for i in cast])
         for i, p in enumerate(self.params):
-            p.grad = self._param_grad(i, copies[i] if i in copies else self.views[i]) if self.seen[i] else None
+            grad = copies[i] if i in copies else self.views[i]
+            param_grads.show(p, self._param_grad(i, grad) if self.seen[i] else None)
 
     def _local(self, grad: torch.Tensor) -> torch.Tensor:
         return grad if self.shards is None else self.shards.local_grad(grad)
@@ -230,8 +232,7 @@ class GradBuffers:
 
         With release=True the flat buffers are freed too and re-created by the next window's first gradient.
         """
-        for p in self.params:
-            p.grad = None
+        param_grads.clear(self.params)
         self.seen = [False] * len(self.params)
         if self.release_after_step:
             self.flats, self.views = {}, []
