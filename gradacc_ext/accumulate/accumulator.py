@@ -10,12 +10,10 @@
 The accumulator runs micro-steps; collaborators do the rest: GradBuffers (the window's gradient SUM),
 GradHooks (folds gradients into it in buckets while backward runs), Window (normaliser, weights),
 WindowEnd (normalise, unscale, check, clip) with OptimizerStepper (step, deferred scheduler step),
-Checkpoint and StatsReport; one backward into the window, the read side and state_dict() are mixins
+and Checkpoint; one backward into the window, the read side and state_dict() are mixins
 (backprop.py, observing.py, checkpoint.py).
 It owns hooks on its parameters: use it as a context manager or call close() (garbage collection
-removes them too). Two-phase construction: __init__ keeps the config, _attach() does everything that
-needs the model and optimizer: GradientAccumulator(config), the guides' form, is attached later by
-attach(model, optimizer).
+removes them too).
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ from .loss_checks import MigrationChecks
 from .loss_scale import LossScale
 from .observing import AccumulatorObserving
 from .params import check_optimizer, trainable
-from .reports import StatsReport
 from .stats import AccumulatorStats
 from .stepper import OptimizerStepper
 from .window import Window, check_loss
@@ -50,8 +47,7 @@ _END = object()  # iterate(): past the loader's last batch
 class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, AccumulatorCheckpointing):
     """Runs micro-batches and steps the optimizer (and scheduler) once per window.
 
-    GradientAccumulator(model, optimizer, config, scheduler=None, scaler=None),
-    or GradientAccumulator(config) and attach(model, optimizer, ...) later.
+    GradientAccumulator(model_or_params, optimizer, config, scheduler=None, scaler=None).
     model_or_params: the model (an nn.Module, possibly DDP- or FSDP2-wrapped)
       or an iterable of parameters; frozen parameters are ignored.
     optimizer: any torch.optim.Optimizer over these parameters (one that holds
@@ -63,68 +59,27 @@ class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, Accumulator
 
     def __init__(
         self,
-        model_or_params: torch.nn.Module | Any | None = None,
-        optimizer: torch.optim.Optimizer | None = None,
-        config: GradientAccumulationConfig | None = None,
+        model_or_params: torch.nn.Module | Any,
+        optimizer: torch.optim.Optimizer,
+        config: GradientAccumulationConfig,
         scheduler: Any | None = None,
         scaler: torch.amp.GradScaler | None = None,
     ) -> None:
-        if isinstance(model_or_params, GradientAccumulationConfig) and config is None:
-            model_or_params, config = None, model_or_params  # GradientAccumulator(config), the guides' form
         if not isinstance(config, GradientAccumulationConfig):
             raise TypeError(f"GradientAccumulator: config must be a GradientAccumulationConfig, got {type(config)}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"GradientAccumulator: optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
+        if scheduler is not None and not callable(getattr(scheduler, "step", None)):
+            raise TypeError(f"GradientAccumulator: scheduler must have a step() method, got {type(scheduler)}")
+        c = config
+        module, params = trainable(model_or_params)
+        check_optimizer(module, params, optimizer)  # before anything is set: a refused pair leaves no trace
         self.config = config
-        self.attached = False
         self._in_micro_step = False
         self._closing = False  # micro_step(last=True): this micro-batch closes the window
         self._data_ends = False  # iterate(): the batch it yielded is the loader's last
         self._backward_done = False
         self._last_backpropagated: torch.Tensor | None = None
-        if model_or_params is not None or optimizer is not None:
-            self.attach(model_or_params, optimizer, scheduler, scaler)
-        elif scheduler is not None or scaler is not None:
-            raise TypeError("GradientAccumulator: scheduler and scaler are given with the model and optimizer")
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for a missing attribute: before attach(), that is one _attach() sets.
-        if not name.startswith("__") and self.__dict__.get("attached") is False:
-            raise AttributeError(
-                f"GradientAccumulator.{name}: the accumulator has no model and optimizer yet; give them with "
-                "attach(model, optimizer) or GradientAccumulator(model, optimizer, config)"
-            )
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def attach(
-        self,
-        model_or_params: torch.nn.Module | Any,
-        optimizer: torch.optim.Optimizer,
-        scheduler: Any | None = None,
-        scaler: torch.amp.GradScaler | None = None,
-    ) -> None:
-        """Gives an accumulator built as GradientAccumulator(config) its model and optimizer (once)."""
-        if self.attached:
-            raise RuntimeError("GradientAccumulator.attach: the accumulator already has its model and optimizer")
-        for name, value in (("model_or_params", model_or_params), ("optimizer", optimizer)):
-            if value is None:
-                raise TypeError(f"GradientAccumulator: {name} is missing (give the model and the optimizer together)")
-        self._attach(model_or_params, optimizer, scheduler, scaler)
-        self.attached = True
-
-    def _attach(
-        self,
-        model_or_params: torch.nn.Module | Any,
-        optimizer: torch.optim.Optimizer,
-        scheduler: Any | None,
-        scaler: torch.amp.GradScaler | None,
-    ) -> None:
-        """All setup that depends on the model, optimizer, scheduler and scaler (called once)."""
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"GradientAccumulator: optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
-        if scheduler is not None and not callable(getattr(scheduler, "step", None)):
-            raise TypeError(f"GradientAccumulator: scheduler must have a step() method, got {type(scheduler)}")
-        c = self.config
-        module, params = trainable(model_or_params)
-        check_optimizer(module, params, optimizer)  # before anything is set: a refused pair leaves no trace
         self.module, self.params = module, params
         self.optimizer, self.scheduler = optimizer, scheduler
         self._checks = MigrationChecks(c)
@@ -138,15 +93,13 @@ class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, Accumulator
         self._stepper = OptimizerStepper(optimizer, scheduler, c.skip_nonfinite, self.stats, eager=self._sync.reduces)
         self._end = WindowEnd(c, self._buffers, self._sync, self._loss_scale, self._stepper, self.stats)
         self._checkpoint = Checkpoint(c, self._window, self._buffers, self.stats, self._loss_scale, self._stepper)
-        self._report = StatsReport(c, self._window, self.stats, self._loss_scale, self._end.norm, self.device)
         self._hooks = GradHooks(self.params, self._buffers, c.bucket_size_bytes, c.grad_views)  # last: registers hooks
 
     # -- owning the hooks -------------------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Removes the hooks: the parameters get plain .grad behaviour again. Does not apply the open window."""
-        if self.attached:  # an accumulator never attached has no hooks
-            self._hooks.close()
+        self._hooks.close()
 
     def __enter__(self) -> GradientAccumulator:
         return self

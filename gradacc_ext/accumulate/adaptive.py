@@ -10,7 +10,7 @@ micro-batch, so the window's gradient is the same as without a split; the
 smaller size is kept for later batches; at `min_micro_batch_size` the OOM
 is re-raised as a RuntimeError that says so.
 
-This follows Composer's device_train_microbatch_size="auto" (ANCHORS.md),
+This follows Composer's device_train_microbatch_size="auto",
 with one difference that removes its DDP deadlock (Composer PR #2117): no
 collective runs until the window's end, so ranks may split differently
 without agreeing first. Under FSDP2/HSDP and DDP's "overlap" mode collectives
@@ -74,6 +74,18 @@ def _slice(batch: Any, start: int, stop: int) -> Any:
     return batch
 
 
+def check_split_sizes(micro_batch_size: int | None, min_micro_batch_size: int) -> None:
+    """micro_batch_size (None: the whole batch) and min_micro_batch_size must be integers >= 1."""
+    for name, value, optional in (
+        ("micro_batch_size", micro_batch_size, True),
+        ("min_micro_batch_size", min_micro_batch_size, False),
+    ):
+        if (value is None and not optional) or (
+            value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1)
+        ):
+            raise ValueError(f"AdaptiveGradientAccumulator: {name} must be an integer >= 1, got {value!r}")
+
+
 class AdaptiveGradientAccumulator(GradientAccumulator):
     """GradientAccumulator whose step_batch() survives CUDA out-of-memory errors by splitting.
 
@@ -83,23 +95,16 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
 
     def __init__(
         self,
-        model_or_params: torch.nn.Module | Any | None = None,
-        optimizer: torch.optim.Optimizer | None = None,
-        config: GradientAccumulationConfig | None = None,
+        model_or_params: torch.nn.Module | Any,
+        optimizer: torch.optim.Optimizer,
+        config: GradientAccumulationConfig,
         scheduler: Any | None = None,
         scaler: torch.amp.GradScaler | None = None,
         *,
         micro_batch_size: int | None = None,
         min_micro_batch_size: int = 1,
     ) -> None:
-        for name, value, optional in (
-            ("micro_batch_size", micro_batch_size, True),
-            ("min_micro_batch_size", min_micro_batch_size, False),
-        ):
-            if (value is None and not optional) or (
-                value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1)
-            ):
-                raise ValueError(f"AdaptiveGradientAccumulator: {name} must be an integer >= 1, got {value!r}")
+        check_split_sizes(micro_batch_size, min_micro_batch_size)
         super().__init__(model_or_params, optimizer, config, scheduler, scaler)
         self.micro_batch_size = micro_batch_size if micro_batch_size is not None else self.config.micro_batch_size
         self.min_micro_batch_size = min_micro_batch_size

@@ -1,24 +1,21 @@
-"""The accumulator's read side: counters, the loss scale, norm history, loggers and the guides' stats dicts.
+"""The accumulator's read side: counters, the loss scale, norm history, the window's state and loggers.
 
 A mixin of GradientAccumulator, kept apart from the micro-step machinery in accumulator.py. It reads the
-collaborators that GradientAccumulator._attach() creates (the stepper, stats, StatsReport and Window); a read's
-only effect is resolving a deferred fused step (one host read). accumulate_gradients, the guides' entry point,
-is backward() plus the stats dict they read, so it lives here beside the other stats.
+collaborators that GradientAccumulator.__init__() creates (the stepper, stats, loss scale and Window); a
+read's only effect is resolving a deferred fused step (one host read).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
-from .reports import check_same_objects
-from .stats import StepInfo
+from .stats import StepInfo, WindowState
 
 
 class AccumulatorObserving:
-    """Observing a GradientAccumulator: counters, norms, loggers and the guides' stats entry points."""
+    """Observing a GradientAccumulator: counters, norms, the window's state and loggers."""
 
     @property
     def last_step_skipped(self) -> bool | None:
@@ -42,7 +39,17 @@ class AccumulatorObserving:
 
     def loss_scale(self) -> float | None:
         """The current fp16 loss scale (a host read), or None without fp16."""
-        return self._report.scale_value()
+        return None if self._loss_scale is None else float(self._loss_scale.tensor(self.device).item())
+
+    def window_state(self) -> WindowState:
+        """The open window's counters and the last window's device tensors, without a host read."""
+        return WindowState(
+            micro_steps=self._window.micro,
+            grad_norm=self._end.norm,
+            loss_scale=self._loss_scale.tensor(self.device) if self._loss_scale is not None else None,
+            scaler=self._loss_scale.scaler if self._loss_scale is not None else None,
+            last_loss=self._last_backpropagated,
+        )
 
     def grad_norm_history(self) -> torch.Tensor:
         """Pre-clip global grad norms of the last windows (CPU float32, oldest first; one host read)."""
@@ -55,38 +62,3 @@ class AccumulatorObserving:
     def reset_stats(self) -> None:
         self._stepper.resolve()
         self.stats.reset()
-
-    def accumulate_gradients(
-        self,
-        loss: torch.Tensor,
-        model: torch.nn.Module | None = None,
-        optimizer: torch.optim.Optimizer | None = None,
-        scaler: torch.amp.GradScaler | None = None,
-        *,
-        num_items: int | torch.Tensor | None = None,
-    ) -> dict[str, Any]:
-        """Compatibility entry point of the guides: backward(loss, num_items) plus a stats dict.
-
-        model/optimizer/scaler may be passed as in the guides' call shape; each
-        must be the object this accumulator was built with (any disabled scaler
-        is accepted: no loss scaling). gradacc_ext.compat.GradientAccumulator
-        also takes seed 001's order and attaches on the first call.
-        """
-        if isinstance(loss, torch.nn.Module):
-            raise TypeError(
-                "GradientAccumulator.accumulate_gradients: the first argument is a model; this is the (loss, model, "
-                "optimizer, scaler) order. gradacc_ext.compat.GradientAccumulator takes both orders"
-            )
-        own_scaler = self._loss_scale.scaler if self._loss_scale is not None else None
-        if scaler is not None and own_scaler is None and not scaler.is_enabled():
-            scaler = None
-        check_same_objects(
-            model=(model, self.module), optimizer=(optimizer, self.optimizer), scaler=(scaler, own_scaler)
-        )
-        closed = self.backward(loss, num_items)
-        return self._report.after_backward(closed, loss, self._last_backpropagated)
-
-    def get_accumulation_stats(self) -> dict[str, Any]:
-        """Every statistic as host values (reads the device-side norm history: one sync)."""
-        self._stepper.resolve()
-        return self._report.all_stats()
