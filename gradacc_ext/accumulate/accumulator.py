@@ -7,11 +7,10 @@
             stepped = acc.backward(loss)       # True when this micro-batch closed a window
     acc.flush()                                # applies the short last window, weighted by its real size
 
-The accumulator runs micro-steps; collaborators do the rest: GradBuffers (the window's gradient SUM),
-GradHooks (folds gradients into it in buckets while backward runs), Window (normaliser, weights),
-WindowEnd (normalise, unscale, check, clip) with OptimizerStepper (step, deferred scheduler step),
-and Checkpoint; one backward into the window, the read side and state_dict() are mixins
-(backprop.py, observing.py, checkpoint.py).
+The accumulator runs micro-steps and owns its collaborators, each in its own module: GradBuffers (the
+window's gradient SUM), GradHooks (folds gradients into it in buckets while backward runs), Window
+(normaliser, weights, micro-step count), Backprop (one backward into the window), WindowEnd (the
+window's end, as one sequence) with OptimizerStepper (step, deferred scheduler step) and Checkpoint.
 It owns hooks on its parameters: use it as a context manager or call close() (garbage collection
 removes them too).
 """
@@ -26,16 +25,15 @@ import torch
 
 from ..distributed.failures import told_to_peers
 from ..distributed.grad_sync import grad_sync_for
-from .backprop import AccumulatorBackprop
+from .backprop import Backprop
 from .buffers import GradBuffers
-from .checkpoint import AccumulatorCheckpointing, Checkpoint
+from .checkpoint import Checkpoint
 from .config import GradientAccumulationConfig
 from .hooks import GradHooks
 from .loss_checks import MigrationChecks
 from .loss_scale import LossScale
-from .observing import AccumulatorObserving
 from .params import check_optimizer, trainable
-from .stats import AccumulatorStats
+from .stats import AccumulatorStats, StepInfo, WindowState
 from .stepper import OptimizerStepper
 from .window import Window, check_loss
 from .window_end import WindowEnd
@@ -44,7 +42,7 @@ LossFn = Callable[[Any, Any], "torch.Tensor | tuple[torch.Tensor, int | torch.Te
 _END = object()  # iterate(): past the loader's last batch
 
 
-class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, AccumulatorCheckpointing):
+class GradientAccumulator:
     """Runs micro-batches and steps the optimizer (and scheduler) once per window.
 
     GradientAccumulator(model_or_params, optimizer, config, scheduler=None, scaler=None).
@@ -71,15 +69,13 @@ class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, Accumulator
             raise TypeError(f"GradientAccumulator: optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
         if scheduler is not None and not callable(getattr(scheduler, "step", None)):
             raise TypeError(f"GradientAccumulator: scheduler must have a step() method, got {type(scheduler)}")
-        c = config
         module, params = trainable(model_or_params)
         check_optimizer(module, params, optimizer)  # before anything is set: a refused pair leaves no trace
-        self.config = config
+        self.config = c = config
         self._in_micro_step = False
         self._closing = False  # micro_step(last=True): this micro-batch closes the window
         self._data_ends = False  # iterate(): the batch it yielded is the loader's last
         self._backward_done = False
-        self._last_backpropagated: torch.Tensor | None = None
         self.module, self.params = module, params
         self.optimizer, self.scheduler = optimizer, scheduler
         self._checks = MigrationChecks(c)
@@ -92,8 +88,13 @@ class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, Accumulator
         self._window = Window(c.loss_normalization, self.device)
         self._stepper = OptimizerStepper(optimizer, scheduler, c.skip_nonfinite, self.stats, eager=self._sync.reduces)
         self._end = WindowEnd(c, self._buffers, self._sync, self._loss_scale, self._stepper, self.stats)
-        self._checkpoint = Checkpoint(c, self._window, self._buffers, self.stats, self._loss_scale, self._stepper)
-        self._hooks = GradHooks(self.params, self._buffers, c.bucket_size_bytes, c.grad_views)  # last: registers hooks
+        self._checkpoint = Checkpoint(
+            c, self._window, self._buffers, self.stats, self._loss_scale, self._stepper, self._sync
+        )
+        self._hooks = GradHooks(self.params, self._buffers, c.bucket_size_bytes, c.grad_views)  # registers hooks
+        self._backprop = Backprop(
+            self.params, self.device, self._loss_scale, self._sync, self._buffers, self._hooks, self._window, self.stats
+        )
 
     # -- owning the hooks -------------------------------------------------------------------------------------------
 
@@ -160,7 +161,7 @@ class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, Accumulator
             with told_to_peers(self._sync.reduces), sync, self._autocast():  # reduces: a data-parallel strategy
                 yield self
         except BaseException:
-            self._drop_grads()
+            self._backprop.drop_grads()
             raise
         finally:
             self._in_micro_step = self._closing = False
@@ -190,9 +191,23 @@ class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, Accumulator
             raise RuntimeError("GradientAccumulator.backward: called twice inside one micro_step()")
         check_loss(loss)
         self._checks(loss, self._in_micro_step)
-        weight, count = self._window.weight(num_items)
+        return self._backward_into_window(loss, num_items)
+
+    def _backward_into_window(
+        self, loss: torch.Tensor, num_items: int | torch.Tensor | None, share: float = 1.0, completes: bool = True
+    ) -> bool:
+        """One backward of a micro-batch, or of the part `share` of it (the adaptive accumulator's splits); only
+        the backward that completes a micro-batch counts as a micro-step and can close the window."""
+        weight, count = self._window.weight(num_items, share)
+        final = completes and (self._closing or self.sync_gradients)
         with told_to_peers(self._sync.reduces and not self._in_micro_step):  # inside one, micro_step() tells
-            return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=True)
+            self._backprop.run(
+                loss, weight, count, weighted=num_items is not None, completes_micro_batch=completes, final=final
+            )
+            self._backward_done = True
+            if final:
+                self._end.close(self._window)
+        return final
 
     def step_batch(self, batch: Any, loss_fn: LossFn) -> bool:
         """One micro-batch through a callable: loss_fn(model, batch) -> loss or (loss, num_items)."""
@@ -227,3 +242,62 @@ class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, Accumulator
             raise RuntimeError("GradientAccumulator.discard_window: called inside micro_step()")
         self._buffers.release()
         self._window.reset()
+
+    # -- reading (a read's only effect is resolving a deferred fused step: one host read) ---------------------------
+
+    @property
+    def last_step_skipped(self) -> bool | None:
+        """Whether the last closed window's step was skipped (inf/NaN); None before the first. May sync."""
+        self._stepper.resolve()
+        return self._stepper.last_skipped
+
+    @property
+    def optimizer_steps(self) -> int:
+        self._stepper.resolve()
+        return self.stats.optimizer_steps
+
+    @property
+    def skipped_steps(self) -> int:
+        self._stepper.resolve()
+        return self.stats.skipped_steps
+
+    @property
+    def micro_steps_in_window(self) -> int:
+        return self._window.micro
+
+    def loss_scale(self) -> float | None:
+        """The current fp16 loss scale (a host read), or None without fp16."""
+        return None if self._loss_scale is None else float(self._loss_scale.tensor(self.device).item())
+
+    def window_state(self) -> WindowState:
+        """The open window's counters and the last window's device tensors, without a host read."""
+        return WindowState(
+            micro_steps=self._window.micro,
+            grad_norm=self._end.norm,
+            loss_scale=self._loss_scale.tensor(self.device) if self._loss_scale is not None else None,
+            scaler=self._loss_scale.scaler if self._loss_scale is not None else None,
+            last_loss=self._backprop.last_loss,
+        )
+
+    def grad_norm_history(self) -> torch.Tensor:
+        """Pre-clip global grad norms of the last windows (CPU float32, oldest first; one host read)."""
+        return self.stats.grad_norm_history()
+
+    def add_callback(self, callback: Callable[[StepInfo], None]):
+        """Subscribe a logger: callback(StepInfo) after every window; returns a handle with remove()."""
+        return self.stats.add_callback(callback)
+
+    def reset_stats(self) -> None:
+        self._stepper.resolve()
+        self.stats.reset()
+
+    # -- checkpointing ----------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Mid-window buffers, counters and loss scale; save it with the model, optimizer and scheduler."""
+        if self._in_micro_step:
+            raise RuntimeError("GradientAccumulator.state_dict: called inside micro_step()")
+        return self._checkpoint.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._checkpoint.load_state_dict(state)

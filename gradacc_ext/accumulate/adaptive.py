@@ -128,7 +128,7 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
                 try:
                     closed = self._run_chunk(chunk, n, total, loss_fn, last=not queue)
                 except torch.OutOfMemoryError as oom:
-                    self._drop_grads()
+                    self._backprop.drop_grads()
                     if not self._sync.splits_alone:
                         raise RuntimeError(
                             f"AdaptiveGradientAccumulator: out of memory at micro-batch size {n} under "
@@ -156,12 +156,8 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
         out = loss_fn(self.module, chunk)
         loss, num_items = out if isinstance(out, tuple) else (out, None)
         check_loss(loss)
-        weight, count = self._window.weight(num_items)
-        if num_items is None:
-            # A mean loss over this chunk stands for n/total of the micro-batch's mean.
-            weight, count = n / total, n / total
-        self._backward_done = False  # one backward per chunk
-        return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=last)
+        # Without num_items, a mean loss over this chunk stands for n/total of the micro-batch's mean.
+        return self._backward_into_window(loss, num_items, share=n / total, completes=last)
 
     def get_adaptation_stats(self) -> dict[str, Any]:
         return {
