@@ -74,7 +74,7 @@ def _slice(batch: Any, start: int, stop: int) -> Any:
     return batch
 
 
-def check_split_sizes(micro_batch_size: int | None, min_micro_batch_size: int) -> None:
+def check_split_sizes(micro_batch_size: int | None = None, min_micro_batch_size: int = 1) -> None:
     """micro_batch_size (None: the whole batch) and min_micro_batch_size must be integers >= 1."""
     for name, value, optional in (
         ("micro_batch_size", micro_batch_size, True),

@@ -35,13 +35,18 @@ class GuideEntryPoints:
             model_or_params, config = None, model_or_params  # GradientAccumulator(config)
         if not isinstance(config, GradientAccumulationConfig):
             raise TypeError(f"GradientAccumulator: config must be a GradientAccumulationConfig, got {type(config)}")
+        self._check_options(**options)  # the core constructor's keyword-only options: checked now, given at attach()
         self.config = config
         self.attached = False
-        self._options = options  # the core constructor's keyword-only options, given at attach()
+        self._options = options
         if model_or_params is not None or optimizer is not None:
             self.attach(model_or_params, optimizer, scheduler, scaler)
         elif scheduler is not None or scaler is not None:
             raise TypeError("GradientAccumulator: scheduler and scaler are given with the model and optimizer")
+
+    @staticmethod
+    def _check_options() -> None:
+        """GradientAccumulator's constructor has no keyword-only options."""
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for a missing attribute: before attach(), that is one the core constructor sets.
@@ -116,17 +121,4 @@ class AdaptiveGradientAccumulator(GuideEntryPoints, adaptive.AdaptiveGradientAcc
     """AdaptiveGradientAccumulator(model_or_params, optimizer, config, ..., micro_batch_size=None,
     min_micro_batch_size=1), or AdaptiveGradientAccumulator(config, ...) and attach() later."""
 
-    def __init__(
-        self,
-        model_or_params: torch.nn.Module | Any | None = None,
-        optimizer: torch.optim.Optimizer | None = None,
-        config: GradientAccumulationConfig | None = None,
-        scheduler: Any | None = None,
-        scaler: torch.amp.GradScaler | None = None,
-        *,
-        micro_batch_size: int | None = None,
-        min_micro_batch_size: int = 1,
-    ) -> None:
-        adaptive.check_split_sizes(micro_batch_size, min_micro_batch_size)  # at construction, attached or not
-        sizes = {"micro_batch_size": micro_batch_size, "min_micro_batch_size": min_micro_batch_size}
-        super().__init__(model_or_params, optimizer, config, scheduler, scaler, **sizes)
+    _check_options = staticmethod(adaptive.check_split_sizes)  # at construction, attached or not
