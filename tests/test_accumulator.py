@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gradacc_ext.accumulate.accumulator import GradientAccumulator
+from gradacc_ext import GradientAccumulator  # the public class: the core plus the guides' stats entry points
 from gradacc_ext.accumulate.config import GradientAccumulationConfig
 
 TOL = {torch.float64: dict(rtol=1e-10, atol=1e-12), torch.float32: dict(rtol=2e-5, atol=2e-6)}

@@ -16,7 +16,7 @@ import pytest
 import torch
 from test_accumulator import TOL
 
-from gradacc_ext.accumulate.accumulator import GradientAccumulator
+from gradacc_ext import GradientAccumulator  # the public class: the core plus the guides' stats entry points
 from gradacc_ext.accumulate.config import GradientAccumulationConfig
 
 MODES = [pytest.param(True, id="fused"), pytest.param(False, id="plain")]

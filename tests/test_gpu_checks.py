@@ -25,7 +25,7 @@ NUMELS = [1, 7, 65535, 65537, 300_001, 4099]  # odd sizes, several chunks
 
 def window(bufs, grads_per_step, inv_scale, found_inf, norm_out, max_norm, opt: StepInputs | None = None) -> None:
     """One accumulation window as GradientAccumulator runs it: assign, accumulate, then the plain tail (final
-    step, clip) or, given optimizer state `opt`, the fused tail as FusedTail.finish/step run it: a read-only
+    step, clip) or, given optimizer state `opt`, the fused way through WindowEnd.close: a read-only
     norm pass, the grad multiplier on the device, one adamw_step_ (sgd_step_ if `opt` has no exp_avg_sqs)."""
     last = len(grads_per_step) - 1
     for k, grads in enumerate(grads_per_step[: last if opt is None else last + 1]):

@@ -7,15 +7,12 @@
             stepped = acc.backward(loss)       # True when this micro-batch closed a window
     acc.flush()                                # applies the short last window, weighted by its real size
 
-The accumulator runs micro-steps; collaborators do the rest: GradBuffers (the window's gradient SUM),
-GradHooks (folds gradients into it in buckets while backward runs), Window (normaliser, weights),
-WindowEnd (normalise, unscale, check, clip) with OptimizerStepper (step, deferred scheduler step),
-Checkpoint and StatsReport; one backward into the window, the read side and state_dict() are mixins
-(backprop.py, observing.py, checkpoint.py).
+The accumulator runs micro-steps and owns its collaborators, each in its own module: GradBuffers (the
+window's gradient SUM), GradHooks (folds gradients into it in buckets while backward runs), Window
+(normaliser, weights, micro-step count), Backprop (one backward into the window), WindowEnd (the
+window's end, as one sequence) with OptimizerStepper (step, deferred scheduler step) and Checkpoint.
 It owns hooks on its parameters: use it as a context manager or call close() (garbage collection
-removes them too). Two-phase construction: __init__ keeps the config, _attach() does everything that
-needs the model and optimizer: GradientAccumulator(config), the guides' form, is attached later by
-attach(model, optimizer).
+removes them too).
 """
 
 from __future__ import annotations
@@ -28,18 +25,16 @@ import torch
 
 from ..distributed.failures import told_to_peers
 from ..distributed.grad_sync import grad_sync_for
-from .backprop import AccumulatorBackprop
+from .backprop import Backprop
 from .buffers import GradBuffers
-from .checkpoint import AccumulatorCheckpointing, Checkpoint
+from .checkpoint import Checkpoint
 from .config import GradientAccumulationConfig
 from .hooks import GradHooks
 from .linear_fusion import LinearFusion
 from .loss_checks import MigrationChecks
 from .loss_scale import LossScale
-from .observing import AccumulatorObserving
 from .params import check_optimizer, trainable
-from .reports import StatsReport
-from .stats import AccumulatorStats
+from .stats import AccumulatorStats, StepInfo, WindowState
 from .stepper import OptimizerStepper
 from .window import Window, check_loss
 from .window_end import WindowEnd
@@ -48,11 +43,10 @@ LossFn = Callable[[Any, Any], "torch.Tensor | tuple[torch.Tensor, int | torch.Te
 _END = object()  # iterate(): past the loader's last batch
 
 
-class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, AccumulatorCheckpointing):
+class GradientAccumulator:
     """Runs micro-batches and steps the optimizer (and scheduler) once per window.
 
-    GradientAccumulator(model, optimizer, config, scheduler=None, scaler=None),
-    or GradientAccumulator(config) and attach(model, optimizer, ...) later.
+    GradientAccumulator(model_or_params, optimizer, config, scheduler=None, scaler=None).
     model_or_params: the model (an nn.Module, possibly DDP- or FSDP2-wrapped)
       or an iterable of parameters; frozen parameters are ignored.
     optimizer: any torch.optim.Optimizer over these parameters (one that holds
@@ -64,68 +58,25 @@ class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, Accumulator
 
     def __init__(
         self,
-        model_or_params: torch.nn.Module | Any | None = None,
-        optimizer: torch.optim.Optimizer | None = None,
-        config: GradientAccumulationConfig | None = None,
+        model_or_params: torch.nn.Module | Any,
+        optimizer: torch.optim.Optimizer,
+        config: GradientAccumulationConfig,
         scheduler: Any | None = None,
         scaler: torch.amp.GradScaler | None = None,
     ) -> None:
-        if isinstance(model_or_params, GradientAccumulationConfig) and config is None:
-            model_or_params, config = None, model_or_params  # GradientAccumulator(config), the guides' form
         if not isinstance(config, GradientAccumulationConfig):
             raise TypeError(f"GradientAccumulator: config must be a GradientAccumulationConfig, got {type(config)}")
-        self.config = config
-        self.attached = False
-        self._in_micro_step = False
-        self._closing = False  # micro_step(last=True): this micro-batch closes the window
-        self._data_ends = False  # iterate(): the batch it yielded is the loader's last
-        self._backward_done = False
-        self._last_backpropagated: torch.Tensor | None = None
-        if model_or_params is not None or optimizer is not None:
-            self.attach(model_or_params, optimizer, scheduler, scaler)
-        elif scheduler is not None or scaler is not None:
-            raise TypeError("GradientAccumulator: scheduler and scaler are given with the model and optimizer")
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for a missing attribute: before attach(), that is one _attach() sets.
-        if not name.startswith("__") and self.__dict__.get("attached") is False:
-            raise AttributeError(
-                f"GradientAccumulator.{name}: the accumulator has no model and optimizer yet; give them with "
-                "attach(model, optimizer) or GradientAccumulator(model, optimizer, config)"
-            )
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def attach(
-        self,
-        model_or_params: torch.nn.Module | Any,
-        optimizer: torch.optim.Optimizer,
-        scheduler: Any | None = None,
-        scaler: torch.amp.GradScaler | None = None,
-    ) -> None:
-        """Gives an accumulator built as GradientAccumulator(config) its model and optimizer (once)."""
-        if self.attached:
-            raise RuntimeError("GradientAccumulator.attach: the accumulator already has its model and optimizer")
-        for name, value in (("model_or_params", model_or_params), ("optimizer", optimizer)):
-            if value is None:
-                raise TypeError(f"GradientAccumulator: {name} is missing (give the model and the optimizer together)")
-        self._attach(model_or_params, optimizer, scheduler, scaler)
-        self.attached = True
-
-    def _attach(
-        self,
-        model_or_params: torch.nn.Module | Any,
-        optimizer: torch.optim.Optimizer,
-        scheduler: Any | None,
-        scaler: torch.amp.GradScaler | None,
-    ) -> None:
-        """All setup that depends on the model, optimizer, scheduler and scaler (called once)."""
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"GradientAccumulator: optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
         if scheduler is not None and not callable(getattr(scheduler, "step", None)):
             raise TypeError(f"GradientAccumulator: scheduler must have a step() method, got {type(scheduler)}")
-        c = self.config
         module, params = trainable(model_or_params)
         check_optimizer(module, params, optimizer)  # before anything is set: a refused pair leaves no trace
+        self.config = c = config
+        self._in_micro_step = False
+        self._closing = False  # micro_step(last=True): this micro-batch closes the window
+        self._data_ends = False  # iterate(): the batch it yielded is the loader's last
+        self._backward_done = False
         self.module, self.params = module, params
         self.optimizer, self.scheduler = optimizer, scheduler
         self._checks = MigrationChecks(c)
@@ -138,20 +89,23 @@ class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, Accumulator
         self._window = Window(c.loss_normalization, self.device)
         self._stepper = OptimizerStepper(optimizer, scheduler, c.skip_nonfinite, self.stats, eager=self._sync.reduces)
         self._end = WindowEnd(c, self._buffers, self._sync, self._loss_scale, self._stepper, self.stats)
-        self._checkpoint = Checkpoint(c, self._window, self._buffers, self.stats, self._loss_scale, self._stepper)
-        self._report = StatsReport(c, self._window, self.stats, self._loss_scale, self._end.norm, self.device)
-        self._hooks = GradHooks(self.params, self._buffers, c.bucket_size_bytes, c.grad_views)  # last: registers hooks
+        self._checkpoint = Checkpoint(
+            c, self._window, self._buffers, self.stats, self._loss_scale, self._stepper, self._sync
+        )
+        self._hooks = GradHooks(self.params, self._buffers, c.bucket_size_bytes, c.grad_views)  # registers hooks
         fusion = c.gradient_accumulation_fusion  # installs fused Linear forwards (after the hooks it writes beside)
         self._fusion = LinearFusion(self.module, self.params, self._hooks, self.stats) if fusion else None
+        self._backprop = Backprop(
+            self.params, self.device, self._loss_scale, self._sync, self._buffers, self._hooks, self._window, self.stats
+        )
 
     # -- owning the hooks -------------------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Removes the hooks: the parameters get plain .grad behaviour again. Does not apply the open window."""
-        if self.attached:  # an accumulator never attached has no hooks
-            if self._fusion is not None:
-                self._fusion.close()
-            self._hooks.close()
+        if self._fusion is not None:
+            self._fusion.close()
+        self._hooks.close()
 
     def __enter__(self) -> GradientAccumulator:
         return self
@@ -212,7 +166,7 @@ class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, Accumulator
             with told_to_peers(self._sync.reduces), sync, self._autocast():  # reduces: a data-parallel strategy
                 yield self
         except BaseException:
-            self._drop_grads()
+            self._backprop.drop_grads()
             raise
         finally:
             self._in_micro_step = self._closing = False
@@ -242,9 +196,23 @@ class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, Accumulator
             raise RuntimeError("GradientAccumulator.backward: called twice inside one micro_step()")
         check_loss(loss)
         self._checks(loss, self._in_micro_step)
-        weight, count = self._window.weight(num_items)
+        return self._backward_into_window(loss, num_items)
+
+    def _backward_into_window(
+        self, loss: torch.Tensor, num_items: int | torch.Tensor | None, share: float = 1.0, completes: bool = True
+    ) -> bool:
+        """One backward of a micro-batch, or of the part `share` of it (the adaptive accumulator's splits); only
+        the backward that completes a micro-batch counts as a micro-step and can close the window."""
+        weight, count = self._window.weight(num_items, share)
+        final = completes and (self._closing or self.sync_gradients)
         with told_to_peers(self._sync.reduces and not self._in_micro_step):  # inside one, micro_step() tells
-            return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=True)
+            self._backprop.run(
+                loss, weight, count, weighted=num_items is not None, completes_micro_batch=completes, final=final
+            )
+            self._backward_done = True
+            if final:
+                self._end.close(self._window)
+        return final
 
     def step_batch(self, batch: Any, loss_fn: LossFn) -> bool:
         """One micro-batch through a callable: loss_fn(model, batch) -> loss or (loss, num_items)."""
@@ -279,3 +247,62 @@ class GradientAccumulator(AccumulatorBackprop, AccumulatorObserving, Accumulator
             raise RuntimeError("GradientAccumulator.discard_window: called inside micro_step()")
         self._buffers.release()
         self._window.reset()
+
+    # -- reading (a read's only effect is resolving a deferred fused step: one host read) ---------------------------
+
+    @property
+    def last_step_skipped(self) -> bool | None:
+        """Whether the last closed window's step was skipped (inf/NaN); None before the first. May sync."""
+        self._stepper.resolve()
+        return self._stepper.last_skipped
+
+    @property
+    def optimizer_steps(self) -> int:
+        self._stepper.resolve()
+        return self.stats.optimizer_steps
+
+    @property
+    def skipped_steps(self) -> int:
+        self._stepper.resolve()
+        return self.stats.skipped_steps
+
+    @property
+    def micro_steps_in_window(self) -> int:
+        return self._window.micro
+
+    def loss_scale(self) -> float | None:
+        """The current fp16 loss scale (a host read), or None without fp16."""
+        return None if self._loss_scale is None else float(self._loss_scale.tensor(self.device).item())
+
+    def window_state(self) -> WindowState:
+        """The open window's counters and the last window's device tensors, without a host read."""
+        return WindowState(
+            micro_steps=self._window.micro,
+            grad_norm=self._end.norm,
+            loss_scale=self._loss_scale.tensor(self.device) if self._loss_scale is not None else None,
+            scaler=self._loss_scale.scaler if self._loss_scale is not None else None,
+            last_loss=self._backprop.last_loss,
+        )
+
+    def grad_norm_history(self) -> torch.Tensor:
+        """Pre-clip global grad norms of the last windows (CPU float32, oldest first; one host read)."""
+        return self.stats.grad_norm_history()
+
+    def add_callback(self, callback: Callable[[StepInfo], None]):
+        """Subscribe a logger: callback(StepInfo) after every window; returns a handle with remove()."""
+        return self.stats.add_callback(callback)
+
+    def reset_stats(self) -> None:
+        self._stepper.resolve()
+        self.stats.reset()
+
+    # -- checkpointing ----------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Mid-window buffers, counters and loss scale; save it with the model, optimizer and scheduler."""
+        if self._in_micro_step:
+            raise RuntimeError("GradientAccumulator.state_dict: called inside micro_step()")
+        return self._checkpoint.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._checkpoint.load_state_dict(state)

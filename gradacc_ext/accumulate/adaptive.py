@@ -74,6 +74,18 @@ def _slice(batch: Any, start: int, stop: int) -> Any:
     return batch
 
 
+def check_split_sizes(micro_batch_size: int | None = None, min_micro_batch_size: int = 1) -> None:
+    """micro_batch_size (None: the whole batch) and min_micro_batch_size must be integers >= 1."""
+    for name, value, optional in (
+        ("micro_batch_size", micro_batch_size, True),
+        ("min_micro_batch_size", min_micro_batch_size, False),
+    ):
+        if (value is None and not optional) or (
+            value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1)
+        ):
+            raise ValueError(f"AdaptiveGradientAccumulator: {name} must be an integer >= 1, got {value!r}")
+
+
 class AdaptiveGradientAccumulator(GradientAccumulator):
     """GradientAccumulator whose step_batch() survives CUDA out-of-memory errors by splitting.
 
@@ -83,23 +95,16 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
 
     def __init__(
         self,
-        model_or_params: torch.nn.Module | Any | None = None,
-        optimizer: torch.optim.Optimizer | None = None,
-        config: GradientAccumulationConfig | None = None,
+        model_or_params: torch.nn.Module | Any,
+        optimizer: torch.optim.Optimizer,
+        config: GradientAccumulationConfig,
         scheduler: Any | None = None,
         scaler: torch.amp.GradScaler | None = None,
         *,
         micro_batch_size: int | None = None,
         min_micro_batch_size: int = 1,
     ) -> None:
-        for name, value, optional in (
-            ("micro_batch_size", micro_batch_size, True),
-            ("min_micro_batch_size", min_micro_batch_size, False),
-        ):
-            if (value is None and not optional) or (
-                value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1)
-            ):
-                raise ValueError(f"AdaptiveGradientAccumulator: {name} must be an integer >= 1, got {value!r}")
+        check_split_sizes(micro_batch_size, min_micro_batch_size)
         super().__init__(model_or_params, optimizer, config, scheduler, scaler)
         self.micro_batch_size = micro_batch_size if micro_batch_size is not None else self.config.micro_batch_size
         self.min_micro_batch_size = min_micro_batch_size
@@ -123,7 +128,7 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
                 try:
                     closed = self._run_chunk(chunk, n, total, loss_fn, last=not queue)
                 except torch.OutOfMemoryError as oom:
-                    self._drop_grads()
+                    self._backprop.drop_grads()
                     if not self._sync.splits_alone:
                         raise RuntimeError(
                             f"AdaptiveGradientAccumulator: out of memory at micro-batch size {n} under "
@@ -151,12 +156,8 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
         out = loss_fn(self.module, chunk)
         loss, num_items = out if isinstance(out, tuple) else (out, None)
         check_loss(loss)
-        weight, count = self._window.weight(num_items)
-        if num_items is None:
-            # A mean loss over this chunk stands for n/total of the micro-batch's mean.
-            weight, count = n / total, n / total
-        self._backward_done = False  # one backward per chunk
-        return self._backprop(loss, weight, count, weighted=num_items is not None, completes_micro_batch=last)
+        # Without num_items, a mean loss over this chunk stands for n/total of the micro-batch's mean.
+        return self._backward_into_window(loss, num_items, share=n / total, completes=last)
 
     def get_adaptation_stats(self) -> dict[str, Any]:
         return {

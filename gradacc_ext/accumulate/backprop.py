@@ -1,23 +1,47 @@
-"""One micro-batch's backward into the window: a mixin of GradientAccumulator (accumulator.py).
+"""One backward into the window: weigh the loss or arm the gradient hooks, run backward, count the micro-step.
 
-It weighs the loss or arms the gradient hooks, runs backward, counts the micro-step and closes the window on
-the last one; a failed backward is undone, or the window discarded when undoing it cannot be exact. It uses the
-collaborators that GradientAccumulator._attach() creates (hooks, buffers, window, window end, sync strategy).
+A failed backward is undone, or the window discarded when undoing it cannot be exact. Backprop works
+on the collaborators that GradientAccumulator builds (loss scale, sync strategy, buffers, hooks,
+window, stats) and owns the last backpropagated loss; the accumulator decides whether a backward
+closes the window and closes it.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 
 import torch
 
-from .window import weigh_loss
+from ..distributed.base import LocalSync
+from . import param_grads
+from .buffers import GradBuffers
+from .hooks import GradHooks
+from .loss_scale import LossScale
+from .stats import AccumulatorStats
+from .window import Window, weigh_loss
 
 
-class AccumulatorBackprop:
-    """Backpropagating one micro-batch, or one part of it, into a GradientAccumulator's window."""
+class Backprop:
+    """Backpropagates one micro-batch, or one part of it, into the window."""
 
-    def _backprop(
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        device: torch.device,
+        loss_scale: LossScale | None,
+        sync: LocalSync,
+        buffers: GradBuffers,
+        hooks: GradHooks,
+        window: Window,
+        stats: AccumulatorStats,
+    ) -> None:
+        self.params, self.device = list(params), device
+        self.loss_scale, self.sync = loss_scale, sync
+        self.buffers, self.hooks, self.window, self.stats = buffers, hooks, window, stats
+        self.last_loss: torch.Tensor | None = None  # the last backpropagated loss, as scaled (detached)
+
+    def run(
         self,
         loss: torch.Tensor,
         weight: float | torch.Tensor,
@@ -25,54 +49,49 @@ class AccumulatorBackprop:
         *,
         weighted: bool,
         completes_micro_batch: bool,
-    ) -> bool:
+        final: bool,
+    ) -> None:
         """Backward of one micro-batch or of one part of it (the adaptive accumulator's splits).
 
         weight multiplies this part's gradient and count is its share of the
         window's normaliser; only the part that completes a micro-batch counts
-        as a micro-step, and only it can close the window.
+        as a micro-step. final: this backward closes the window (the caller closes it after).
         """
-        final = completes_micro_batch and (self._closing or self.sync_gradients)
-        scaled = self._loss_scale.scale(loss) if self._loss_scale is not None else loss
+        scaled = self.loss_scale.scale(loss) if self.loss_scale is not None else loss
         # FSDP2/HSDP and DDP overlap reduce inside backward, before the hooks could weight: weigh the loss.
-        weigh = not self._sync.weights_micro_batches and not (isinstance(weight, float) and weight == 1.0)
+        weigh = not self.sync.weights_micro_batches and not (isinstance(weight, float) and weight == 1.0)
         backpropagated, weight = (weigh_loss(scaled, weight), 1.0) if weigh else (scaled, weight)
         # False: the wrapper reduces straight into the buffers (DDP overlap's closing backward); no folding.
-        folds = self._sync.before_backward(final, self._buffers)
+        folds = self.sync.before_backward(final, self.buffers)
         if folds:
-            self._hooks.arm(weight)
+            self.hooks.arm(weight)
         try:
             # Backward runs outside autocast (torch's recommendation); ops reuse the forward's dtypes.
             with torch.autocast(self.device.type, enabled=False):
                 backpropagated.reshape(()).backward()
-            self._hooks.finish() if folds else self._drop_grads()
+            self.hooks.fold_rest() if folds else self.drop_grads()
         except BaseException:
-            self._abort_backward(undoable=folds)
+            self.abort(undoable=folds)
             raise
-        self._window.commit(weighted, count)
+        self.window.commit(weighted, count, completes_micro_batch)
         last = scaled.detach()  # mse_loss's 0-d loss views its micro-batch's losses: hold only the value
-        self._last_backpropagated = last.clone() if last.untyped_storage().nbytes() > last.element_size() else last
-        self._backward_done = True
+        self.last_loss = last.clone() if last.untyped_storage().nbytes() > last.element_size() else last
         if completes_micro_batch:
-            self._window.micro += 1
             self.stats.micro_step()
-        if final:
-            self._end.close(self._window)
-        return final
 
-    def _abort_backward(self, undoable: bool = True) -> None:
+    def abort(self, undoable: bool = True) -> None:
         """A failed backward: undo what it folded, or discard the window when that cannot be exact."""
-        self._drop_grads()
-        if not self._hooks.abort() or not undoable:
-            self._buffers.release()
-            self._window.reset()
+        self.drop_grads()
+        if not self.hooks.abort() or not undoable:
+            self.buffers.release()
+            self.window.reset()
             warnings.warn(
                 "GradientAccumulator: a backward failed after part of its gradient was added to the window's sums; "
                 "the open window was discarded (the next micro-batch starts a new one)",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
 
-    def _drop_grads(self) -> None:
-        for p in self.params:
-            p.grad = None
+    def drop_grads(self) -> None:
+        """Drops what autograd left in param.grad (a failed or unfolded backward's partial gradients)."""
+        param_grads.clear(self.params)

@@ -29,9 +29,10 @@ import torch
 
 from .. import ops
 from ..ops import reference
-from ..optim._shards import is_sharded
+from ..ops.constants import DEFAULT_EPS, HALF_DTYPES
+from ..optim.shards import is_sharded
+from . import param_grads
 
-LOW_PRECISION = (torch.float16, torch.bfloat16)
 ALIGN = 16  # bytes: one 128-bit vector load; the CUDA kernels' vector width and the CPU's SSE/NEON width
 
 
@@ -53,7 +54,7 @@ def _reference_ops() -> SimpleNamespace:
         return reference.global_norm(tensors, norm_type, False)[0]
 
     def clip_by_norm_(tensors, total_norm, max_norm, *, backend=None):
-        reference.clip_by_norm_(tensors, total_norm, max_norm, ops.DEFAULT_EPS)
+        reference.clip_by_norm_(tensors, total_norm, max_norm, DEFAULT_EPS)
 
     def clip_by_value_(tensors, clip_value, *, backend=None):
         reference.clip_by_value_(tensors, clip_value)
@@ -113,7 +114,7 @@ class GradBuffers:
             )
         self.device = devices.pop() if devices else torch.device("cpu")
         self.buf_dtypes = [
-            accum_dtype if (accum_dtype is not None and t.dtype in LOW_PRECISION) else t.dtype for t in self.layout
+            accum_dtype if (accum_dtype is not None and t.dtype in HALF_DTYPES) else t.dtype for t in self.layout
         ]
         self.dtypes = list(dict.fromkeys(self.buf_dtypes))
         # Element offset of each parameter's view in its dtype's flat buffer, and each flat's size.
@@ -169,18 +170,26 @@ class GradBuffers:
         for k in first:
             self.seen[index[k]] = True
 
-    def finish(
+    # -- window end -------------------------------------------------------------------------------------------------
+
+    def window_views(self) -> list[torch.Tensor]:
+        return [v for v, s in zip(self.views, self.seen, strict=True) if s]
+
+    def grads_by_param(self) -> dict[torch.nn.Parameter, torch.Tensor]:
+        """param -> its sum in the buffers, for the params that got a gradient this window (a fused step's input)."""
+        return {p: v for p, v, s in zip(self.params, self.views, self.seen, strict=True) if s}
+
+    def norm(self, norm_type: float) -> torch.Tensor:
+        """The norm of the window's sums as they stand (read-only)."""
+        return self.ops.global_norm(self.window_views(), norm_type, backend=self.backend)
+
+    def unscale_and_norm(
         self, inv_scale: torch.Tensor, found_inf: torch.Tensor, norm_out: torch.Tensor, norm_type: float
     ) -> None:
         """Normalise/unscale what the window holds, flag non-finite values, write the global norm."""
         bufs = self.window_views()
         self.ops.unscale_(bufs, inv_scale, found_inf, backend=self.backend)
         norm_out.copy_(self.ops.global_norm(bufs, norm_type, backend=self.backend).reshape(norm_out.shape))
-
-    # -- window end -------------------------------------------------------------------------------------------------
-
-    def window_views(self) -> list[torch.Tensor]:
-        return [v for v, s in zip(self.views, self.seen, strict=True) if s]
 
     def include_all(self) -> None:
         """Zero the views of parameters without a gradient this window and count them in.
@@ -209,7 +218,8 @@ class GradBuffers:
             # One fused cast per window into copies that live only until release().
             torch._foreach_copy_([copies[i] for i in cast], [self.views[i] for i in cast])
         for i, p in enumerate(self.params):
-            p.grad = self._param_grad(i, copies[i] if i in copies else self.views[i]) if self.seen[i] else None
+            grad = copies[i] if i in copies else self.views[i]
+            param_grads.show(p, self._param_grad(i, grad) if self.seen[i] else None)
 
     def _local(self, grad: torch.Tensor) -> torch.Tensor:
         return grad if self.shards is None else self.shards.local_grad(grad)
@@ -222,8 +232,7 @@ class GradBuffers:
 
         With release=True the flat buffers are freed too and re-created by the next window's first gradient.
         """
-        for p in self.params:
-            p.grad = None
+        param_grads.clear(self.params)
         self.seen = [False] * len(self.params)
         if self.release_after_step:
             self.flats, self.views = {}, []

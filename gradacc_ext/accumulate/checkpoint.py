@@ -2,14 +2,15 @@
 
 Save it with the model, optimizer and scheduler; loading it into an
 accumulator built the same way resumes the window exactly where it was.
-Checkpoint gathers the collaborators' state; AccumulatorCheckpointing is
-GradientAccumulator's public side of it (the distributed strategy wraps it).
+Checkpoint gathers the collaborators' state in the form the grad-sync strategy
+checkpoints (FSDP2 and DDP: DTensors, for torch.distributed.checkpoint).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..distributed.base import LocalSync
 from .buffers import GradBuffers
 from .config import GradientAccumulationConfig
 from .loss_scale import LossScale
@@ -34,6 +35,7 @@ class Checkpoint:
         stats: AccumulatorStats,
         loss_scale: LossScale | None,
         stepper: OptimizerStepper,
+        sync: LocalSync,
     ) -> None:
         self.config = config
         self.window = window
@@ -41,10 +43,11 @@ class Checkpoint:
         self.stats = stats
         self.loss_scale = loss_scale
         self.stepper = stepper
+        self.sync = sync
 
     def state_dict(self) -> dict[str, Any]:
         """Changes nothing: a pending scheduler decision is saved as it is, never taken here."""
-        return {
+        state = {
             "version": STATE_VERSION,
             "pending_step_skipped": self.stepper.pending_state(),
             "accumulation_steps": self.config.accumulation_steps,
@@ -54,9 +57,11 @@ class Checkpoint:
             "stats": self.stats.counters(),
             "loss_scale": self.loss_scale.state_dict() if self.loss_scale is not None else None,
         }
+        return self.sync.wrap_state(state, self.buffers)  # sharded and per-rank values as DTensors
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Checks everything before changing anything, so a rejected state leaves the accumulator as it was."""
+        state = self.sync.unwrap_state(state, self.buffers)
         if state.get("version") not in READABLE_VERSIONS:
             raise ValueError(
                 f"GradientAccumulator.load_state_dict: unknown state version {state.get('version')!r}, "
@@ -79,18 +84,3 @@ class Checkpoint:
         if self.loss_scale is not None:
             self.loss_scale.load_state_dict(state["loss_scale"])
         self.stepper.restore(state.get("pending_step_skipped"))
-
-
-class AccumulatorCheckpointing:
-    """GradientAccumulator's state_dict()/load_state_dict(), a mixin like AccumulatorObserving: it reads the
-    Checkpoint, the grad-sync strategy and the buffers that GradientAccumulator._attach() creates."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """Mid-window buffers, counters and loss scale; save it with the model, optimizer and scheduler."""
-        if self._in_micro_step:
-            raise RuntimeError("GradientAccumulator.state_dict: called inside micro_step()")
-        # FSDP2 and DDP: sharded and per-rank values as DTensors, for torch.distributed.checkpoint.
-        return self._sync.wrap_state(self._checkpoint.state_dict(), self._buffers)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._checkpoint.load_state_dict(self._sync.unwrap_state(state, self._buffers))

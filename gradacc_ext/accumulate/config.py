@@ -95,11 +95,11 @@ class GradientAccumulationConfig:
         norm overflows from 2**64; README). Always on for fp16. Costs one host
         sync per window unless the optimizer is fused (then none).
       fused_step: "auto" (default) ends each window with one fused optimizer pass
-        (gradacc's adamw_step_/sgd_step_) when the optimizer allows it
-        (FusedAdamW, FusedSGD, or torch's AdamW / Adam / SGD with options the op
-        supports), else the plain tail and optimizer.step(), saying why once;
+        when the optimizer allows it (gradacc_ext.optim.fused_step_for: gradacc's
+        fused optimizers, or torch's AdamW / Adam / SGD with options the ops
+        support), else separate passes and optimizer.step(), saying why once;
         True requires the fused pass (ValueError when the optimizer cannot take
-        it); False never uses it. See accumulate/fused_tail.py.
+        it); False never uses it. See accumulate/window_end.py.
     Stats
       grad_norm_history: how many per-step grad norms to keep on the device (0: none);
       track_memory: record CUDA peak memory per step (host counters, no sync).

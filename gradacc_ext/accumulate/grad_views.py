@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import torch
 
+from . import param_grads
 from .buffers import GradBuffers
 
 
@@ -60,10 +61,9 @@ class GradViews:
         attached = {i for i in self.attached if self._is_view(i)}
         for i in self.attached - attached:
             if self.buffers.views and self.buffers.params[i].grad is self.buffers.views[i]:
-                self.buffers.params[i].grad = None  # a view whose sum a resume dropped: stale
+                param_grads.show(self.buffers.params[i], None)  # a view whose sum a resume dropped: stale
         if not keep:
-            for i in attached:
-                self.buffers.params[i].grad = None
+            param_grads.clear(self.buffers.params[i] for i in attached)
             attached = set()
         self.attached = attached
         return bool(attached)
@@ -80,7 +80,7 @@ class GradViews:
     def check_unarmed(self, i: int) -> None:
         """A backward outside the accumulator reached parameter i: refuse an out-of-place add into its view."""
         if i in self.attached and torch.is_grad_enabled() and not self._is_view(i):
-            self.buffers.params[i].grad = self.buffers.views[i]  # undo: the buffer still holds the sum
+            param_grads.show(self.buffers.params[i], self.buffers.views[i])  # undo: the buffer still holds the sum
             raise RuntimeError(
                 "GradientAccumulator(grad_views=True): backward(create_graph=True) while .grad is a view of the "
                 "accumulator's buffer would replace it by sum + gradient; use torch.autograd.grad for gradient "
@@ -95,7 +95,7 @@ class GradViews:
         for i in self.eligible:
             p = b.params[i]
             if b.seen[i] and p.grad is None:
-                p.grad = b.views[i]
+                param_grads.show(p, b.views[i])
                 self.attached.add(i)
 
     def _is_view(self, i: int) -> bool:

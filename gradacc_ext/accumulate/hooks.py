@@ -36,6 +36,7 @@ from collections.abc import Sequence
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from . import param_grads
 from .buffers import GradBuffers
 from .grad_views import GradViews
 
@@ -89,7 +90,7 @@ class GradHooks:
         # Autograd adds into attached views in place: a failure in this backward cannot be undone.
         self._folded_again = self.views.begin(weight)
 
-    def finish(self) -> None:
+    def fold_rest(self) -> None:
         """Backward returned: fold the queue, and gradients left in param.grad by backwards outside ours."""
         for i, p in enumerate(self.params):
             if p.grad is not None and not self.views.owns(i):
@@ -132,7 +133,7 @@ class GradHooks:
     def _take(self, i: int, param: torch.Tensor) -> None:
         if i in self._queue:  # a second backward (retain_graph) before this bucket was folded
             self._fold()
-        grad, param.grad = param.grad, None
+        grad = param_grads.take(param)
         self._queue[i] = grad
         self._queued_bytes += grad.numel() * grad.element_size()
         if self._queued_bytes >= self.bucket_bytes:

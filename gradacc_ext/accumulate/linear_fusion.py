@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import wgrad
+from ..ops.constants import HALF_DTYPES
 from .hooks import GradHooks
 from .stats import AccumulatorStats
 
@@ -212,7 +213,7 @@ class LinearFusion:
             return "an FSDP2 (DTensor) parameter: FSDP2's reduce-scatter produces its gradient"
         if linear.bias is not None and linear.bias.dtype != linear.weight.dtype:
             return f"bias dtype {linear.bias.dtype} differs from weight dtype {linear.weight.dtype}"
-        if buffers.buf_dtypes[w] != linear.weight.dtype and linear.weight.dtype in wgrad.LOW_PRECISION:
+        if buffers.buf_dtypes[w] != linear.weight.dtype and linear.weight.dtype in HALF_DTYPES:
             return wgrad.probe(linear.weight.device)
         return None
 

@@ -16,9 +16,9 @@ import warnings
 
 import torch
 
+from ..ops.constants import HALF_DTYPES
 from .config import GradientAccumulationConfig
 
-LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SAVED = ("_saved_self", "_saved_other", "_saved_mat1", "_saved_mat2", "_saved_weight", "_saved_input")
 _GRAPH_LIMIT = 20_000  # nodes looked at, at most: a bound on the one-off cost, not a correctness limit
 
@@ -59,7 +59,7 @@ def ran_in_low_precision(loss: torch.Tensor) -> bool:
         seen.add(node)
         for name in _SAVED:
             value = getattr(node, name, None)
-            if isinstance(value, torch.Tensor) and value.dtype in LOW_PRECISION:
+            if isinstance(value, torch.Tensor) and value.dtype in HALF_DTYPES:
                 return True
         stack.extend(next_node for next_node, _ in node.next_functions)
     return False

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..optim._shards import is_sharded
+from ..optim.shards import is_sharded
 
 
 def trainable(model_or_params: torch.nn.Module | Any) -> tuple[torch.nn.Module | None, list[torch.nn.Parameter]]:
@@ -37,7 +37,7 @@ def trainable(model_or_params: torch.nn.Module | Any) -> tuple[torch.nn.Module |
 def check_optimizer(module: torch.nn.Module | None, params: list[torch.nn.Parameter], optimizer) -> None:
     """The optimizer must hold the trainable parameters: none of them is an error (the model would never
     train), some of them a warning (the others accumulate gradients that no step uses)."""
-    clip = getattr(optimizer, "max_grad_norm", None)  # gradacc's FusedAdamW/FusedSGD clip inside their step
+    clip = getattr(optimizer, "max_grad_norm", None)  # gradacc's fused optimizers clip inside their step
     if clip is not None and any(is_sharded(p) for p in params):
         # Refused here, on every rank, rather than by the optimizer at the end of the first window.
         raise ValueError(

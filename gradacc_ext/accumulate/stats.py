@@ -43,6 +43,23 @@ class StepInfo:
     time_s: float
 
 
+@dataclass(frozen=True)
+class WindowState:
+    """GradientAccumulator.window_state(): read without a host sync (device tensors: reading them syncs).
+
+    micro_steps: micro-batches in the open window; grad_norm: the last closed
+    window's pre-clip norm (shape (1,), updated in place at every window end);
+    loss_scale: the current fp16 scale, else None; scaler: the GradScaler in
+    use, else None; last_loss: the last backpropagated loss as scaled (detached).
+    """
+
+    micro_steps: int
+    grad_norm: torch.Tensor
+    loss_scale: torch.Tensor | None
+    scaler: torch.amp.GradScaler | None
+    last_loss: torch.Tensor | None
+
+
 class AccumulatorStats:
     """Counts micro-steps, windows, real and skipped optimizer steps; keeps norms, memory and timings."""
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ..optim.fused_step import FusedStep, Grads
 from .stats import AccumulatorStats
 
 
@@ -67,34 +67,41 @@ class OptimizerStepper:
         self._restored = False
         self.last_skipped: bool | None = None
 
-    def step(self, found_inf: torch.Tensor, run: Callable[[torch.Tensor | None], None] | None = None) -> None:
-        """Steps once. run(found_inf or None): a step that skips on the device itself (the fused tail)."""
+    def step(self, found_inf: torch.Tensor) -> None:
+        """optimizer.step() over param.grad, or no step when found_inf is set (skip_nonfinite)."""
         self.resolve()  # the scheduler's deferred step first: this step uses the lr it sets
-        if run is None and self.fused:
-            run = self._torch_fused_step
-        if run is not None:
-            if not self.skip_nonfinite:
-                run(None)
-                self._record(False)
-                return
-            run(found_inf)
-            self.pending = _DeferredFlag(found_inf)
-            if self.eager:
-                self.resolve()
+        if self.fused:  # torch's fused optimizers skip on the device: GradScaler's protocol
+            self.optimizer.grad_scale, self.optimizer.found_inf = None, self._skip_flag(found_inf)
+            try:
+                self.optimizer.step()  # the buffers are already unscaled: only found_inf
+            finally:
+                del self.optimizer.grad_scale, self.optimizer.found_inf
+            self._stepped_on_device(found_inf)
             return
         skipped = self.skip_nonfinite and bool(found_inf.item())  # the window's one host sync
         if not skipped:
             self.optimizer.step()
         self._record(skipped)
 
-    def _torch_fused_step(self, found_inf: torch.Tensor | None) -> None:
-        # The buffers are already unscaled: only found_inf, which makes the kernel skip on the device.
-        optimizer = self.optimizer
-        optimizer.grad_scale, optimizer.found_inf = None, found_inf
-        try:
-            optimizer.step()
-        finally:
-            del optimizer.grad_scale, optimizer.found_inf
+    def step_fused(
+        self, fused_step: FusedStep, grads: Grads, grad_mult: torch.Tensor | None, found_inf: torch.Tensor
+    ) -> None:
+        """One fused step over `grads` (the window's buffers), skipped on the device when found_inf is set."""
+        self.resolve()  # the scheduler's deferred step first: this step uses the lr it sets
+        fused_step(grads, grad_mult, self._skip_flag(found_inf))
+        self._stepped_on_device(found_inf)
+
+    def _skip_flag(self, found_inf: torch.Tensor) -> torch.Tensor | None:
+        return found_inf if self.skip_nonfinite else None
+
+    def _stepped_on_device(self, found_inf: torch.Tensor) -> None:
+        """Records a step that skipped (or not) on the device: its outcome is read lazily, or at once (eager)."""
+        if not self.skip_nonfinite:
+            self._record(False)
+            return
+        self.pending = _DeferredFlag(found_inf)
+        if self.eager:
+            self.resolve()
 
     def resolve(self) -> None:
         """Reads a deferred fused step's outcome (one host read): counts it, steps the scheduler if real."""

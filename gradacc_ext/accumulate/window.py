@@ -28,8 +28,18 @@ class Window:
         self.count_dev: torch.Tensor | None = None  # ... and device part (tensor item counts)
         self.weighted: bool | None = None  # mean mode: were num_items given in this window?
 
-    def weight(self, num_items: int | torch.Tensor | None) -> tuple[float | torch.Tensor, float | torch.Tensor]:
-        """(weight of this micro-step's gradient, its contribution to the window's normaliser)."""
+    def weight(
+        self, num_items: int | torch.Tensor | None, share: float = 1.0
+    ) -> tuple[float | torch.Tensor, float | torch.Tensor]:
+        """(weight of this micro-step's gradient, its contribution to the window's normaliser).
+
+        share: the part of its micro-batch that this backward covers (the adaptive accumulator's splits):
+        without num_items, a mean loss over the part stands for `share` of the micro-batch's mean.
+        """
+        weight, count = self._weight(num_items)
+        return (share, share) if num_items is None and share != 1.0 else (weight, count)
+
+    def _weight(self, num_items: int | torch.Tensor | None) -> tuple[float | torch.Tensor, float | torch.Tensor]:
         if self.mode == "none":
             if num_items is not None:
                 raise ValueError(
@@ -69,8 +79,10 @@ class Window:
             )
         return (float(num_items) if self.mode == "mean" else 1.0), float(num_items)
 
-    def commit(self, weighted: bool, count: float | torch.Tensor) -> None:
-        """Adds a finished backward's share of the normaliser."""
+    def commit(self, weighted: bool, count: float | torch.Tensor, completes_micro_batch: bool) -> None:
+        """Adds a finished backward's share of the normaliser; counts the micro-step it completes."""
+        if completes_micro_batch:
+            self.micro += 1
         if self.mode == "mean":
             self.weighted = weighted
         if isinstance(count, torch.Tensor):

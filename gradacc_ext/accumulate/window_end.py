@@ -1,25 +1,34 @@
-"""The end of a window: reduce across ranks, normalise and unscale, check, clip, step, start afresh.
+"""The end of a window, as one sequence: reduce, norm and found_inf, multiplier, step, scale update, release.
 
-The buffers hold a SUM; the window's normaliser and the fp16 loss scale are
-applied once, as the device tensor inv_scale = 1 / (loss_scale * normaliser),
-in one final pass over the window's views (unscale, inf check, norm) after
-the last micro-step's backward has folded its gradients. Clipping then acts on the fully accumulated, unscaled
-gradient, and the optimizer sees the buffers as param.grad. With a FusedTail (config.fused_step) the
-unscale and clip passes fold into the fused optimizer pass instead (see fused_tail.py).
+The buffers hold a SUM; the window's normaliser and the fp16 loss scale are applied once, as the
+device tensor inv_scale = 1 / (loss_scale * normaliser), after the last micro-step's backward has
+folded its gradients. Clipping acts on the fully accumulated, unscaled gradient.
+
+Two ways through the same sequence:
+  fused (config.fused_step, gradacc_ext.optim.fused_step_for): a read-only norm pass over the sums,
+    then ONE optimizer pass whose grad_mult = inv_scale x clip coefficient is a device scalar: no
+    unscale pass, no clip pass, no param.grad, no host sync;
+  separate passes (any other optimizer, clip_value, float64 buffers): unscale and norm in one pass,
+    clip in place, param.grad = the buffers, optimizer.step().
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
-from ..distributed.grad_sync import LocalSync
+from ..distributed.base import LocalSync
+from ..ops.constants import DEFAULT_EPS
+from ..optim.fused_step import FusedStep, fused_step_for
 from .buffers import GradBuffers
 from .config import GradientAccumulationConfig
-from .fused_tail import FusedTail
 from .loss_scale import LossScale
 from .stats import AccumulatorStats
 from .stepper import OptimizerStepper
 from .window import Window
+
+log = logging.getLogger("gradacc_ext")
 
 
 class WindowEnd:
@@ -35,13 +44,60 @@ class WindowEnd:
         stats: AccumulatorStats,
     ) -> None:
         self.config, self.buffers, self.sync = config, buffers, sync
-        self.tail, why = FusedTail.choose(config.fused_step, stepper.optimizer, buffers)
+        self.tail, why = choose_fused_step(config.fused_step, stepper.optimizer, buffers)
         stats.fused_step, stats.fused_step_reason = self.tail is not None, why
         self.loss_scale, self.stepper, self.stats = loss_scale, stepper, stats
         self.device = buffers.device
         self.scalar_dtype = torch.float64 if torch.float64 in buffers.dtypes else torch.float32
         self.found_inf = torch.zeros((), dtype=torch.float32, device=self.device)  # 0-d, as fused steps expect
         self.norm = torch.zeros(1, dtype=self.scalar_dtype, device=self.device)
+        # clip_value clamps the unscaled elements, and the op's grad_mult is fp32: float64 buffers are unscaled
+        # and clipped in float64 first (~1e-12 agreement), then stepped with no multiplier.
+        self.separate_passes = self.tail is None or config.clip_value is not None or self.scalar_dtype == torch.float64
+
+    def close(self, window: Window) -> None:
+        """Applies `window` (its gradients all folded into the buffers) and starts the next one."""
+        c, b = self.config, self.buffers
+        # 1. reduce: the buffers and the window's normaliser become sums over ranks
+        self.sync.before_finish()
+        count = window.count()
+        if self.sync.reduces:
+            self.sync.reduce(b, count)
+        inv_scale = self._inv_scale(count)
+        scale = self.loss_scale.tensor(self.device).clone() if self.loss_scale is not None else None
+        # 2. norm and found_inf of the unscaled gradient, global across shards
+        self.found_inf.zero_()
+        if self.separate_passes:
+            b.unscale_and_norm(inv_scale, self.found_inf, self.norm, c.norm_type)
+        else:  # read-only: the sums stay scaled, the norm and the flag are the unscaled gradient's
+            raw = b.norm(c.norm_type).reshape(1)
+            self.norm.copy_(raw * inv_scale)
+            self.found_inf.copy_((~torch.isfinite(raw)).reshape(self.found_inf.shape))
+        self.sync.global_norm(self.norm, self.found_inf, c.norm_type)  # sharded buffers: norm across shards
+        self._skip_nonfinite_norm()
+        # 3. the multiplier: scale^-1 x normaliser x clip (applied here, or folded into the fused step)
+        if self.separate_passes:
+            b.clip(self.norm, c.max_grad_norm, c.clip_value)
+            grad_mult = None
+        else:
+            grad_mult = inv_scale
+            if c.max_grad_norm is not None:
+                grad_mult = grad_mult * clip_coefficient(self.norm, c.max_grad_norm)
+            grad_mult = grad_mult.reshape(()).to(torch.float32)
+        # 4. the step: fused over the buffers, or optimizer.step() over param.grad
+        if self.tail is not None:
+            self.stepper.step_fused(self.tail, b.grads_by_param(), grad_mult, self.found_inf)
+        else:
+            b.expose()
+            self.stepper.step(self.found_inf)
+        # 5. the loss scale's growth or backoff, on the device
+        if self.loss_scale is not None:
+            self.loss_scale.update(self.found_inf)
+        # 6. release: the buffers' contents become stale, the window starts afresh
+        b.release()
+        micro = window.micro
+        window.reset()
+        self.stats.window(micro, self.norm, self.found_inf, scale, count)
 
     def _inv_scale(self, count: torch.Tensor) -> torch.Tensor:
         denominator = count
@@ -49,38 +105,31 @@ class WindowEnd:
             denominator = denominator * self.loss_scale.tensor(self.device).to(torch.float64).reshape(1)
         return (1.0 / denominator).to(self.scalar_dtype)
 
-    def _global_norm(self, norm: torch.Tensor, found_inf: torch.Tensor, norm_type: float) -> None:
-        """The window's norm and found_inf across shards; a non-finite norm sets found_inf, in both tails.
+    def _skip_nonfinite_norm(self) -> None:
+        """A non-finite norm sets found_inf, in both ways through.
 
         A norm past the float range from finite values (fp32 L2: >= 2**64) would clip by 0, as in torch:
         a step that applies none of the gradient but still moves the params by momentum and weight decay.
         It is skipped instead, like an inf/NaN element (skip_nonfinite; README "The fused window tail").
         """
-        self.sync.global_norm(norm, found_inf, norm_type)  # sharded buffers: norm across shards
-        found_inf.copy_(found_inf.logical_or(~norm.isfinite().reshape(found_inf.shape)))
+        self.found_inf.copy_(self.found_inf.logical_or(~self.norm.isfinite().reshape(self.found_inf.shape)))
 
-    def close(self, window: Window) -> None:
-        """Applies `window` (its gradients all folded into the buffers) and starts the next one."""
-        c, b = self.config, self.buffers
-        self.sync.before_finish()
-        self.found_inf.zero_()
-        count = window.count()
-        if self.sync.reduces:
-            self.sync.reduce(b, count)
-        inv_scale = self._inv_scale(count)
-        scale = self.loss_scale.tensor(self.device).clone() if self.loss_scale is not None else None
-        if self.tail is not None:
-            mult = self.tail.finish(c, inv_scale, self.found_inf, self.norm, self._global_norm)
-            self.stepper.step(self.found_inf, run=lambda found_inf: self.tail.step(mult, found_inf))
-        else:
-            b.finish(inv_scale, self.found_inf, self.norm, c.norm_type)
-            self._global_norm(self.norm, self.found_inf, c.norm_type)
-            b.clip(self.norm, c.max_grad_norm, c.clip_value)
-            b.expose()
-            self.stepper.step(self.found_inf)
-        if self.loss_scale is not None:
-            self.loss_scale.update(self.found_inf)
-        b.release()
-        micro = window.micro
-        window.reset()
-        self.stats.window(micro, self.norm, self.found_inf, scale, count)
+
+def clip_coefficient(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """min(1, max_norm / (norm + eps)), torch.nn.utils.clip_grad_norm_'s coefficient, on the device."""
+    return torch.clamp(max_norm / (norm + DEFAULT_EPS), max=1.0)
+
+
+def choose_fused_step(
+    mode: bool | str, optimizer: torch.optim.Optimizer, buffers: GradBuffers
+) -> tuple[FusedStep | None, str]:
+    """(the fused step or None, why not); config.fused_step=True with an optimizer that cannot take it raises."""
+    if mode is False:
+        return None, "config.fused_step=False"
+    step = fused_step_for(optimizer, buffers.params, buffers.backend)
+    if not isinstance(step, str):
+        return step, ""
+    if mode is True:
+        raise ValueError(f"GradientAccumulationConfig.fused_step=True, but the optimizer cannot take it: {step}")
+    log.info("GradientAccumulator: fused_step='auto' falls back to optimizer.step(): %s", step)
+    return None, step

@@ -11,8 +11,7 @@ from typing import Any
 
 import torch
 
-from ..accumulate import accumulator as core
-from ..accumulate import adaptive
+from . import entry_points
 from .config import ALIASES
 from .devices import device_report
 
@@ -52,7 +51,7 @@ def _guide_call(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 class GuideMethods:
-    """Mixed into the core accumulators: the guides' call shapes, each a thin wrapper of a core method."""
+    """Mixed into gradacc_ext's accumulators: the guides' call shapes, each a thin wrapper of their methods."""
 
     def accumulate_gradients(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Either guide's order (see _guide_call); batch_size weights the micro-batch by its size. The
@@ -148,9 +147,9 @@ def _core_names(fields: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class GradientAccumulator(GuideMethods, core.GradientAccumulator):
+class GradientAccumulator(GuideMethods, entry_points.GradientAccumulator):
     """gradacc_ext's GradientAccumulator with the guides' call shapes (see GuideMethods)."""
 
 
-class AdaptiveGradientAccumulator(GuideMethods, adaptive.AdaptiveGradientAccumulator):
+class AdaptiveGradientAccumulator(GuideMethods, entry_points.AdaptiveGradientAccumulator):
     """gradacc_ext's AdaptiveGradientAccumulator with the guides' call shapes (see GuideMethods)."""

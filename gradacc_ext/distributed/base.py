@@ -23,12 +23,38 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:  # the accumulator passes its buffers in; no runtime import back into accumulate/
-    from ..accumulate.buffers import GradBuffers
+
+class GradBuffers(Protocol):
+    """What a strategy uses of the accumulator's flat buffers (gradacc_ext.accumulate.buffers.GradBuffers).
+
+    Described here, by the strategies that use it, so that imports run one way: accumulate/ -> distributed/.
+    """
+
+    params: list[torch.nn.Parameter]
+    layout: list[torch.Tensor]  # per parameter: the tensor its view mirrors (a sharded one's local shard)
+    buf_dtypes: list[torch.dtype]
+    views: list[torch.Tensor]  # per parameter: its view of the flat buffer of its dtype
+    flats: dict[torch.dtype, torch.Tensor]
+    device: torch.device
+
+    def include_all(self) -> None: ...  # every view holds this window's value (zero where none came)
+
+
+class SyncConfig(Protocol):
+    """The fields of gradacc_ext.GradientAccumulationConfig that choose and check a strategy."""
+
+    world_size: int
+    target_batch_size: int | None
+    micro_batch_size: int | None
+    accum_dtype: torch.dtype | None
+    sharding: str
+    fsdp_reduce: str
+    ddp_reduce: str
+    comm_dtype: torch.dtype | None
 
 
 class LocalSync:

@@ -24,18 +24,15 @@ sums the closing gradient before any hook could weight it.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
-from .base import LocalSync
+from .base import GradBuffers, LocalSync
 from .rank_state import dense_grads, pack_counts, per_rank, unpack_counts
-
-if TYPE_CHECKING:
-    from ..accumulate.buffers import GradBuffers
 
 
 def all_reduce_sum(

@@ -41,18 +41,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from .base import LocalSync
+from ..ops.norms import norm_from_partial, partial_norm
+from .base import GradBuffers, LocalSync
 from .rank_state import dense_grads, pack_counts, unpack_counts
-
-if TYPE_CHECKING:
-    from ..accumulate.buffers import GradBuffers
 
 
 class FSDP2Sync(LocalSync):
@@ -122,10 +120,10 @@ class FSDP2Sync(LocalSync):
 
     def global_norm(self, norm: torch.Tensor, found_inf: torch.Tensor, norm_type: float) -> None:
         inf = math.isinf(norm_type)
-        local = norm.reshape(()).to(torch.float64)
-        both = torch.stack([local if inf else local * local, found_inf.reshape(()).to(torch.float64)])
+        local = partial_norm(norm.reshape(()).to(torch.float64), norm_type)
+        both = torch.stack([local, found_inf.reshape(()).to(torch.float64)])  # one collective carries both
         dist.all_reduce(both, op=dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM, group=self.shard_group)
-        norm.copy_((both[0] if inf else both[0].sqrt()).reshape(norm.shape))
+        norm.copy_(norm_from_partial(both[0], norm_type).reshape(norm.shape))
         found_inf.copy_((both[1] > 0).reshape(found_inf.shape))
 
     # -- checkpoints (torch.distributed.checkpoint) -----------------------------------------------------------------

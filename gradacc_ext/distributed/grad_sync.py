@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
-from .base import LocalSync
+from .base import LocalSync, SyncConfig
 from .ddp import DDPOverlapSync, DDPSync
 from .fsdp import FSDP2Sync
 from .validate import check_setup
-
-if TYPE_CHECKING:
-    from ..accumulate.config import GradientAccumulationConfig
 
 __all__ = ["DDPOverlapSync", "DDPSync", "FSDP2Sync", "LocalSync", "grad_sync_for"]
 
 
 def grad_sync_for(
-    module: torch.nn.Module | None, params: Sequence[torch.nn.Parameter], config: GradientAccumulationConfig
+    module: torch.nn.Module | None, params: Sequence[torch.nn.Parameter], config: SyncConfig
 ) -> LocalSync:
     """Validates the setup (no collective runs) and returns the strategy for it."""
     kind = check_setup(module, params, config)

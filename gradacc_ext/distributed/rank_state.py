@@ -8,14 +8,13 @@ DTensor sharded over all ranks makes DCP save and load each rank's own row.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-if TYPE_CHECKING:
-    from ..accumulate.buffers import GradBuffers
+from .base import GradBuffers
 
 
 def per_rank(local: torch.Tensor, mesh: DeviceMesh) -> DTensor:

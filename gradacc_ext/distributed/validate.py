@@ -9,7 +9,6 @@ collective for a peer that already failed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -17,8 +16,8 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.nn.parallel import DistributedDataParallel
 
-if TYPE_CHECKING:
-    from ..accumulate.config import GradientAccumulationConfig
+from ..ops.constants import HALF_DTYPES
+from .base import SyncConfig
 
 PLACEMENTS = {"fsdp": (Shard(0),), "hsdp": (Replicate(), Shard(0))}
 
@@ -36,9 +35,7 @@ def _require_process_group(what: str) -> None:
         )
 
 
-def check_setup(
-    module: torch.nn.Module | None, params: Sequence[torch.nn.Parameter], config: GradientAccumulationConfig
-) -> str:
+def check_setup(module: torch.nn.Module | None, params: Sequence[torch.nn.Parameter], config: SyncConfig) -> str:
     """Returns "local", "ddp", "fsdp" or "hsdp"; raises a clear error for a setup that cannot work."""
     sharded = [isinstance(p, DTensor) for p in params]
     if isinstance(module, DistributedDataParallel):
@@ -62,7 +59,7 @@ def check_setup(
         )
     if config.ddp_reduce == "overlap" and config.accum_dtype is not None:
         names = _names(module, params)
-        low = [(n, p.dtype) for n, p in zip(names, params, strict=True) if p.dtype in (torch.float16, torch.bfloat16)]
+        low = [(n, p.dtype) for n, p in zip(names, params, strict=True) if p.dtype in HALF_DTYPES]
         if low:
             raise ValueError(
                 f"GradientAccumulationConfig.ddp_reduce='overlap' hands the buffers to DDP as param.grad, so they must "
@@ -77,7 +74,7 @@ def _check_sharded(
     module: torch.nn.Module | None,
     params: Sequence[torch.nn.Parameter],
     sharded: list[bool],
-    config: GradientAccumulationConfig,
+    config: SyncConfig,
 ) -> tuple[str, int]:
     names = _names(module, params)
     if not all(sharded):
@@ -121,7 +118,7 @@ def _check_sharded(
     return kind, mesh.size()
 
 
-def _check_world(config: GradientAccumulationConfig, world: int, kind: str) -> None:
+def _check_world(config: SyncConfig, world: int, kind: str) -> None:
     """A planned effective batch (target_batch_size, or world_size given) must match the ranks taking part."""
     if kind == "local" or config.world_size == world or (config.world_size == 1 and config.target_batch_size is None):
         return

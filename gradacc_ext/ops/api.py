@@ -22,10 +22,10 @@ import torch
 
 from . import _checks, _coverage, reference
 from ._loader import LOAD_REASON, extension_has_cuda, extension_loaded
+from .constants import DEFAULT_EPS
 
 Backend = Literal["auto", "ext", "torch"]
 BACKENDS = ("auto", "ext", "torch")
-DEFAULT_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s eps
 
 
 def resolve_backend(device: torch.device | str, backend: str = "auto") -> tuple[str, str]:

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import torch
 
-LOW_PRECISION = (torch.float16, torch.bfloat16)
+from .constants import HALF_DTYPES
+
 _PROBED: dict[str, str | None] = {}  # device -> None (usable) or why not
 
 
 def _check(out: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) -> None:
     if out.dtype != torch.float32:
         raise TypeError(f"gradacc.wgrad_addmm_: out must be float32, got {out.dtype}")
-    if mat1.dtype not in LOW_PRECISION or mat2.dtype != mat1.dtype:
+    if mat1.dtype not in HALF_DTYPES or mat2.dtype != mat1.dtype:
         raise TypeError(
             f"gradacc.wgrad_addmm_: mat1 and mat2 must both be float16 or bfloat16, got {mat1.dtype} and {mat2.dtype}"
         )

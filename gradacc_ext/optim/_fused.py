@@ -17,11 +17,12 @@ import torch
 
 from ..ops import global_norm
 from ..ops._checks_optim import LOW, MODES, state_dtype
-from ._shards import is_sharded
+from ..ops.constants import DEFAULT_EPS as CLIP_EPS
+from ..ops.norms import combine_norms
+from .shards import is_sharded
 
 PARAM_MODES = tuple(MODES)
 DEFAULT_PARAM_MODE = "master"
-CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
 
 
 def _norm_of(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -155,7 +156,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             for p in params:
                 by_device.setdefault(p.grad.device, []).append(p.grad)
         norms = [_norm_of(grads).to(device, torch.float32) for grads in by_device.values()]
-        norm = norms[0] if len(norms) == 1 else torch.stack(norms).square().sum().sqrt()
+        norm = combine_norms(norms, 2.0)
         if grad_mult is not None:
             norm = norm * grad_mult
         self.last_grad_norm = norm

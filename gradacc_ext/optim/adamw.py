@@ -8,7 +8,7 @@ import torch
 
 from ..ops import adamw_step_
 from ._fused import DEFAULT_PARAM_MODE, FusedOptimizer, new_state, new_step
-from ._shards import on_local_shards
+from .shards import on_local_shards
 
 
 class FusedAdamW(FusedOptimizer):

@@ -25,9 +25,10 @@ import torch
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 
 from ..ops import _checks, api
+from ..ops.constants import DEFAULT_EPS
+from ..ops.norms import combine_norms
 
 TensorOrTensors = torch.Tensor | Iterable[torch.Tensor]
-EPS = 1e-6  # what torch's clip_grads_with_norm_ adds to the norm
 
 
 def _as_list(tensors: TensorOrTensors) -> list[torch.Tensor]:
@@ -78,7 +79,7 @@ def _norms(tensors: list[torch.Tensor], norm_type: float, foreach: bool | None) 
     else:
         parts += [torch.linalg.vector_norm(t, norm_type).reshape(1) for t in rest]
         dtype = functools.reduce(torch.promote_types, (p.dtype for p in parts), torch.float32)
-        precise = torch.linalg.vector_norm(torch.cat([p.to(first, dtype) for p in parts]), norm_type)
+        precise = combine_norms([p.to(first, dtype) for p in parts], norm_type)
     return precise.to(result_dtype), precise
 
 
@@ -105,9 +106,9 @@ def _clip(
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm, foreach)
         return
     for device, group in fused.items():
-        api.clip_by_norm_(group, total_norm.to(device, non_blocking=True), max_norm, EPS)
+        api.clip_by_norm_(group, total_norm.to(device, non_blocking=True), max_norm, DEFAULT_EPS)
     if rest:
-        coef = torch.clamp(max_norm / (total_norm + EPS), max=1.0)
+        coef = torch.clamp(max_norm / (total_norm + DEFAULT_EPS), max=1.0)
         for g in rest:
             g.mul_(coef.to(g.device))
 
