@@ -43,7 +43,7 @@ from test_linear_fusion import (
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from gradacc_ext.accumulate.accumulator import GradientAccumulator
+from gradacc_ext import GradientAccumulator
 from gradacc_ext.accumulate.config import GradientAccumulationConfig
 from gradacc_ext.ops import wgrad
 
