@@ -77,7 +77,8 @@ for batch_idx, (data, targets) in enumerate(dataloader):
 def test_seed001_mixed_precision_snippet_with_an_enabled_cpu_scaler(cls, caplog):
     model, twin = make_model(13), make_model(13)
     batches = make_batches(8, 32, 14)
-    names = dict(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01), criterion=torch.nn.CrossEntropyLoss())
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    names = dict(model=model, optimizer=optimizer, criterion=torch.nn.CrossEntropyLoss())
     with caplog.at_level(logging.INFO, logger="gradacc_ext"):
         ns = run_snippet(
             SEED001_MIXED_PRECISION_CPU,
@@ -111,8 +112,8 @@ def test_core_accumulator_takes_an_enabled_scaler_in_bf16_and_no_modes():
 def test_an_enabled_scaler_needs_the_overflow_skip():
     model = torch.nn.Linear(3, 2)
     with pytest.raises(ValueError, match="GradScaler was given with config.skip_nonfinite=False"):
-        CoreAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                        CoreConfig(accumulation_steps=2, skip_nonfinite=False), scaler=torch.amp.GradScaler("cpu"))  # fmt: skip
+        config = CoreConfig(accumulation_steps=2, skip_nonfinite=False)
+        CoreAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), config, scaler=torch.amp.GradScaler("cpu"))
 
 
 # Seed 001's "Monitoring and Logging" config (no memory_efficient given), then its debug read of the config.
@@ -130,11 +131,13 @@ def test_stats_config_echoes_the_guide_fields_under_their_own_names():
     model = make_model(15)
     acc = GradientAccumulator(config)
     x, y = make_batches(1, 32, 16)[0]
-    acc.accumulate_gradients(model, torch.nn.functional.cross_entropy(model(x), y), 32, torch.optim.SGD(model.parameters(), lr=0.1))
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    acc.accumulate_gradients(model, loss, 32, torch.optim.SGD(model.parameters(), lr=0.1))
     echoed = acc.get_accumulation_stats()["config"]
     assert echoed["memory_efficient"] is True and echoed["adaptive_accumulation"] is False  # seed 001 reads these
     given = {"accumulation_steps": 8, "effective_batch_size": 32, "target_batch_size": 256, "track_memory": True,
-             "log_accumulation": True, "profile_accumulation": True, "gradient_clipping": 1.0, "max_memory_usage": 0.8}  # fmt: skip
+             "log_accumulation": True, "profile_accumulation": True, "gradient_clipping": 1.0,
+             "max_memory_usage": 0.8}  # fmt: skip
     assert {k: echoed[k] for k in given} == given  # every field passed, as passed (effective_batch_size: seed 001's)
     assert echoed["max_grad_norm"] == 1.0 and echoed["micro_batch_size"] == 32  # and the core fields
     acc.flush()
