@@ -190,6 +190,13 @@ for _op in ("clip_by_norm_", "clip_grad_norm_"):
 
 case("clip_by_value_", "clip_value-nan", set_attr("clip_value", lambda a: math.nan), ValueError, "clip_value")
 
+# An output listed twice, or a leaf that requires grad as an output (ops/_aliasing.py; tests/test_traps_ops.py).
+for _op, _arg in [(op, arg) for op, arg in LIST_ARGS if arg != "grads" and op != "global_norm"]:
+    _twice = replace_item(_arg, lambda a, arg=_arg: getattr(a, arg)[0])
+    case(_op, f"{_arg}[1]-is-{_arg}[0]", _twice, ValueError, rf"{_arg}\[0\] and {_arg}\[1\] share memory")
+    _leaf = replace_item(_arg, lambda a, arg=_arg: getattr(a, arg)[1].clone().requires_grad_())
+    case(_op, f"{_arg}[1]-leaf-requires-grad", _leaf, RuntimeError, rf"{_arg}\[1\] is a leaf tensor that requires grad")
+
 
 @pytest.mark.parametrize(("op", "brk", "exc", "match"), CASES)
 def test_bad_input_is_rejected_and_nothing_is_written(device, backend, gen, op, brk, exc, match):
