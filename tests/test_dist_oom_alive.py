@@ -24,7 +24,7 @@ from test_dist_oom import adaptive, oom_in_step_batch
 from test_fsdp import fsdp_model
 from torch.distributed.device_mesh import DeviceMesh
 
-from gradacc_ext.distributed import peer_watch
+from gradacc_ext.distributed import failures, peer_watch
 
 pytestmark = [pytest.mark.distributed, needs_gloo]
 BOUND = 60  # seconds from the start to rank 0's end (the issue's bound); the defaults give about 27 + start-up
@@ -77,15 +77,28 @@ def test_peer_of_a_live_oom_rank_learns_within_the_bound(tmp_path: Path):
 
 
 def test_the_watch_only_reads_the_store_inside_collective_work(monkeypatch):
-    """No store read outside told_to_peers, and none at all while no peer has a record: a healthy job's
-    micro-steps only bump a counter."""
+    """The store is read every POLL_S while the rank is inside told_to_peers, never outside it; entering and
+    leaving costs a healthy job's micro-steps a lock and two counters."""
     reads = []
     watch = peer_watch.PeerWatch(lambda: reads.append(time.monotonic()), lambda: "")
     monkeypatch.setattr(peer_watch, "POLL_S", 0.01)
     monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
     watch.enter()
     time.sleep(0.2)
     watch.exit()
     inside = len(reads)
     time.sleep(0.2)
     assert inside > 0 and len(reads) == inside  # read while inside, never outside
+
+
+def test_after_the_watch_aborted_the_groups_the_peer_error_still_names_the_rank(monkeypatch):
+    """NCCL: the abort unblocks the waiting call, but takes the default group and its store along; the error
+    that told_to_peers raises then comes from the record the watch kept, naming this rank as it was."""
+    monkeypatch.setattr(failures, "_store", lambda: None)  # the store is gone with the default group
+    monkeypatch.setattr(failures._watch, "aborted_for", (1, "RuntimeError: out of memory at micro-batch size 2"))
+    monkeypatch.setattr(failures._watch, "rank", 0)
+    with pytest.raises(failures.PeerOutOfMemoryError, match=r"rank 1 ran out of memory, so this rank \(rank 0\)"):
+        with failures.told_to_peers(True):
+            raise RuntimeError("NCCL communicator was aborted")
+    assert failures._watch.delivered == (1, "RuntimeError: out of memory at micro-batch size 2")

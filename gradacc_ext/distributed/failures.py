@@ -71,8 +71,9 @@ def _read_record() -> tuple[int, str] | None:
 
 def _explain(record: tuple[int, str] | None = None) -> str:
     rank, message = record or _read_record() or (-1, "(the record is gone)")
+    me = dist.get_rank() if dist.is_initialized() else _watch.rank  # after the watch's abort: the kept rank
     return (
-        f"GradientAccumulator: rank {rank} ran out of memory, so this rank (rank {dist.get_rank()}) failed in a "
+        f"GradientAccumulator: rank {rank} ran out of memory, so this rank (rank {me}) failed in a "
         f"collective that rank {rank} never joined (that failure is chained as this error's cause). "
         f"Rank {rank} raised: {message}\n"
         "Lower the memory per rank: a smaller micro-batch (AdaptiveGradientAccumulator: micro_batch_size), "
@@ -82,7 +83,7 @@ def _explain(record: tuple[int, str] | None = None) -> str:
 
 
 def _peer_error() -> PeerOutOfMemoryError | None:
-    record = _read_record()
+    record = _read_record() or _watch.aborted_for  # the watch's abort takes the default store with the groups
     if record is None:
         return None
     _watch.delivered = record  # told to the caller: the watch stands down for it

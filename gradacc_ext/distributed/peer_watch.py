@@ -54,13 +54,16 @@ class PeerWatch:
         self._depth = 0  # how deep this rank is in told_to_peers (nested: micro_step, then backward)
         self._entries = 0  # entries so far: a rank that moves on changes it
         self.delivered: tuple[int, str] | None = None  # the record a PeerOutOfMemoryError already reported
+        self.aborted_for: tuple[int, str] | None = None  # the record the groups were aborted for (store gone since)
+        self.rank = -1  # this rank, kept: an aborted default group can no longer say it
         self._thread: threading.Thread | None = None
 
     def enter(self) -> None:
         with self._lock:
             self._depth += 1
             self._entries += 1
-            if self._thread is None and os.environ.get("GRADACC_PEER_WATCH", "1") != "0":
+            if self._thread is None and dist.is_initialized() and os.environ.get("GRADACC_PEER_WATCH", "1") != "0":
+                self.rank = dist.get_rank()
                 self._thread = threading.Thread(target=self._run, name="gradacc-peer-watch", daemon=True)
                 self._thread.start()
 
@@ -78,12 +81,11 @@ class PeerWatch:
         return None if record is None or record == self.delivered or record[0] == rank else record
 
     def _run(self) -> None:
-        rank = dist.get_rank()
         seen: tuple[int, float] | None = None  # (position, time) when a peer's record was first seen there
         while True:
             time.sleep(POLL_S)
             position = self._position()
-            record = self._stuck_peer_record(rank) if position is not None else None
+            record = self._stuck_peer_record(self.rank) if position is not None else None
             if record is None:
                 seen = None
                 continue
@@ -92,11 +94,12 @@ class PeerWatch:
                 continue
             if time.monotonic() - seen[1] < STALL_S:
                 continue
-            self._end_the_wait(position)
+            self._end_the_wait(position, record)
             seen = None
 
-    def _end_the_wait(self, position: int) -> None:
-        explanation = self._explain()  # before the abort: it names this rank from the process group
+    def _end_the_wait(self, position: int, record: tuple[int, str]) -> None:
+        explanation = self._explain()  # before the abort, which takes the default store with it
+        self.aborted_for = record  # for the PeerOutOfMemoryError the unblocked call raises
         with contextlib.suppress(Exception):  # NCCL: unblocks the call; gloo: nothing to abort in flight
             dist.distributed_c10d._abort_process_group()
         time.sleep(ABORT_GRACE_S)
