@@ -118,6 +118,9 @@ class FSDP2Sync(LocalSync):
         try:
             root()._root_post_backward_final_callback()
             hooks.finish()
+        except BaseException:
+            hooks.abort()  # disarm; the window end does not run (told_to_peers names a failed peer)
+            raise
         finally:
             self.model.set_reduce_scatter_unused_params(False)
         self._held = False
