@@ -78,7 +78,6 @@ def test_disabled_scaler_means_no_loss_scaling_in_every_mode(caplog):
 @pytest.mark.parametrize(
     "mode,scaler_kw,config_kw,match",
     [
-        ("no", {}, {}, "config.mixed_precision='no'; loss scaling is only used with mixed_precision='fp16'"),
         ("fp16", {"growth_interval": 2000}, {"growth_interval": 100}, "has growth_interval=2000 but config.growth"),
         ("fp16", {"init_scale": 1024.0}, {"init_scale": 8.0}, "has init_scale=1024.0 but config.init_scale=8.0"),
     ],

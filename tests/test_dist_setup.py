@@ -98,11 +98,11 @@ def worker(rank: int, world: int) -> None:
     with acc.micro_step():
         acc.backward(model(x).sum())
     expect(RuntimeError, r"take a mid-window checkpoint.*micro_step\(last=True\)", acc.state_dict)
-    expect(RuntimeError, r"close a short window with flush\(\).*`for batch in acc\.iterate\(loader\):`", acc.flush)
-    assert (acc.micro_steps_in_window, acc.optimizer_steps) == (1, 0)  # the errors changed nothing
+    assert (acc.micro_steps_in_window, acc.optimizer_steps) == (1, 0)  # the error changed nothing
+    assert acc.flush() and acc.optimizer_steps == 1  # flush() releases FSDP's held sums (test_fsdp_flush.py)
     with acc.micro_step(last=True):
         assert acc.backward(model(x).sum())
-    assert acc.optimizer_steps == 1
+    assert acc.optimizer_steps == 2
 
 
 @pytest.mark.distributed

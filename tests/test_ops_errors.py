@@ -178,10 +178,8 @@ for _op in ("accumulate_", "accumulate_final_"):
     for _alpha in (math.nan, math.inf, -math.inf):
         case(_op, f"alpha-{_alpha}", set_attr("scale", lambda a, v=_alpha: v), ValueError, "alpha must be finite")
 
-# The final step's norm rides beside its found-inf flag: L2 or inf only. The norms take any order but NaN.
-for _nt in (1.0, 3.0, 0.0, -math.inf, math.nan):
-    case("accumulate_final_", f"norm_type-{_nt}", set_attr("norm_type", lambda a, v=_nt: v), ValueError, "norm_type")
-for _op in ("global_norm", "clip_grad_norm_"):
+# Every norm takes any order but NaN (accumulate_final_ too: tests/test_traps_ops.py).
+for _op in ("accumulate_final_", "global_norm", "clip_grad_norm_"):
     case(_op, "norm_type-nan", set_attr("norm_type", lambda a: math.nan), ValueError, "norm_type must be a number")
 
 for _op in ("clip_by_norm_", "clip_grad_norm_"):
@@ -191,6 +189,13 @@ for _op in ("clip_by_norm_", "clip_grad_norm_"):
         case(_op, f"eps-{_v}", set_attr("eps", lambda a, v=_v: v), ValueError, "eps")
 
 case("clip_by_value_", "clip_value-nan", set_attr("clip_value", lambda a: math.nan), ValueError, "clip_value")
+
+# An output listed twice, or a leaf that requires grad as an output (ops/_aliasing.py; tests/test_traps_ops.py).
+for _op, _arg in [(op, arg) for op, arg in LIST_ARGS if arg != "grads" and op != "global_norm"]:
+    _twice = replace_item(_arg, lambda a, arg=_arg: getattr(a, arg)[0])
+    case(_op, f"{_arg}[1]-is-{_arg}[0]", _twice, ValueError, rf"{_arg}\[0\] and {_arg}\[1\] share memory")
+    _leaf = replace_item(_arg, lambda a, arg=_arg: getattr(a, arg)[1].clone().requires_grad_())
+    case(_op, f"{_arg}[1]-leaf-requires-grad", _leaf, RuntimeError, rf"{_arg}\[1\] is a leaf tensor that requires grad")
 
 
 @pytest.mark.parametrize(("op", "brk", "exc", "match"), CASES)

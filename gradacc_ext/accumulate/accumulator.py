@@ -152,8 +152,8 @@ class GradientAccumulator:
 
         last=True: this micro-batch closes the window even if it is short (the
         data's last batch; iterate() sets this for the loader's last batch);
-        needed instead of flush() under HSDP and FSDP2's "window" mode, where
-        only a synced backward releases FSDP's sums.
+        under HSDP and FSDP2's "window" mode it saves flush() the extra
+        collectives that release FSDP's held sums.
         If the body raises, the partial gradients of that micro-batch are dropped
         and the window is left as it was before it. Data-parallel: an OOM here fails
         every rank with a clear error (distributed/failures.py).
@@ -233,6 +233,7 @@ class GradientAccumulator:
         if self._window.micro == 0:
             return False
         with told_to_peers(self._sync.reduces):  # the window end's collectives
+            self._sync.release_held(self._hooks)  # FSDP2 "window" mode, HSDP: FSDP's held sums (fsdp.py)
             self._end.close(self._window)
         self._stepper.resolve()
         return True

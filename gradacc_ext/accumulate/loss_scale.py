@@ -39,7 +39,8 @@ class LossScale:
     def for_config(
         cls, config: GradientAccumulationConfig, scaler: torch.amp.GradScaler | None, device: torch.device
     ) -> LossScale | None:
-        """The loss scale of mixed_precision='fp16' (the given scaler, or one made from the config); else None.
+        """The loss scale: an enabled scaler given, in any mode; for mixed_precision='fp16' without one, a scaler
+        made from the config; else None.
 
         A disabled scaler (GradScaler(enabled=False), or any GradScaler on a
         machine without its device, as nanoGPT builds one) means "no loss
@@ -52,12 +53,9 @@ class LossScale:
             log.info("GradientAccumulator: the GradScaler passed is disabled (enabled=False): no loss scaling")
             return None
         if mode != "fp16":
-            if scaler is not None:
-                raise ValueError(
-                    f"GradientAccumulator: a scaler was given but config.mixed_precision={mode!r}; "
-                    "loss scaling is only used with mixed_precision='fp16'"
-                )
-            return None
+            if scaler is None:
+                return None
+            _scales_beside_users_autocast(config)
         if scaler is None:
             scaler = torch.amp.GradScaler(
                 device.type,
@@ -87,6 +85,23 @@ class LossScale:
 
     def load_state_dict(self, state: dict) -> None:
         self.scaler.load_state_dict(state)
+
+
+def _scales_beside_users_autocast(config: GradientAccumulationConfig) -> None:
+    """An enabled scaler with mixed_precision 'no' or 'bf16': torch's autocast and loss scaling are
+    independent, so the scaler means "scale the loss with it" (the guides autocast in their own code, then
+    pass their scaler). Said once, at construction; the overflow-skip it needs must be on."""
+    if not config.skip_nonfinite:
+        raise ValueError(
+            "GradientAccumulator: a GradScaler was given with config.skip_nonfinite=False; loss scaling skips "
+            "every step whose gradient overflowed: set skip_nonfinite=True (the default)"
+        )
+    autocast = "yours (config.mixed_precision='no')" if config.mixed_precision == "no" else "bf16, the config's"
+    log.info(
+        "GradientAccumulator: loss scaling with the GradScaler passed (scale(loss), unscale, overflow skip and "
+        "growth/backoff per window) while autocast is %s",
+        autocast,
+    )
 
 
 def _check_settings(config: GradientAccumulationConfig, scaler: torch.amp.GradScaler) -> None:

@@ -120,6 +120,8 @@ class GuideMethods:
             if getattr(checked, name) != getattr(config, name):
                 changed[name] = getattr(checked, name)
                 setattr(config, name, changed[name])
+        if hasattr(config, "guide_fields"):  # the stats' config echoes the guide's names with their new values
+            config.guide_fields.update(fields)
         if "accumulation_steps" in changed and config.micro_batch_size is not None:
             config.target_batch_size = None  # derived from the old window; effective_batch_size follows the new one
         return changed

@@ -61,6 +61,9 @@ UNSUPPORTED = {
     "gradient_checkpointing": (False, "enable it on the model (torch.utils.checkpoint)"),
 }
 DEFAULT_ACCUMULATION_STEPS = 4  # the default of every guide
+# The guides' on/off knobs that describe what gradacc_ext always does: the stats' config echoes them as True
+# when not given, so a guide reading config['memory_efficient'] finds it (seed 001's debug snippet).
+ALWAYS_DOES = dict.fromkeys((*ALWAYS_ON, "memory_efficient", "log_accumulation", "profile_accumulation"), True)
 
 
 @dataclass
@@ -190,13 +193,14 @@ class GradientAccumulationConfig(core.GradientAccumulationConfig):
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """The core fields, plus the strategy and the guide's own fields as given."""
+        """The core fields, then every field the guide passed under its own name and as given (no-effect ones
+        and effective_batch_size, in the guide's meaning, included), the knobs gradacc_ext always honours
+        (ALWAYS_DOES) and the strategy. A core field keeps its resolved value (mixed_precision=True: 'fp16')."""
         out = super().to_dict()
-        out.update(
-            {k: v for k, v in self.guide_fields.items() if k not in out},
-            strategy=self.strategy,
-            adaptive_accumulation=self.strategy != "standard",
-        )
+        core_fields = core.GradientAccumulationConfig.__dataclass_fields__
+        out.update({k: v for k, v in ALWAYS_DOES.items() if k not in out})
+        out.update({k: v for k, v in self.guide_fields.items() if k not in core_fields})
+        out.update(strategy=self.strategy, adaptive_accumulation=self.strategy != "standard")
         return out
 
 

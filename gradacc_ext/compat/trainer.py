@@ -17,7 +17,7 @@ class GradientAccumulationTrainer:
     """Trains `model` on `train_loader` batches of (inputs, targets); loss_fn(outputs, targets) is a mean
     loss (default: cross-entropy, as the guides' criterion). Micro-batches are weighted by their size, so
     a short last batch counts for what it holds; an epoch's last batch closes its short last window
-    (acc.iterate, so no flush() is needed: FSDP2 "window" mode and HSDP cannot flush)."""
+    (acc.iterate, so no flush() is needed)."""
 
     def __init__(
         self,

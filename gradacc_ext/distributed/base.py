@@ -8,6 +8,7 @@ accumulator calls, in order:
   before_backward(final, b) right before each backward; False: the accumulator's hooks do not fold
                             this backward (the wrapper reduces straight into the buffers)
   layout / local_grad       the buffers mirror local shards and take gradients' local shards
+  release_held(hooks)       flush() of a short window: the wrapper's held sums into the buffers (FSDP2)
   before_finish()           at the window end, before any collective; may refuse with a clear error
   reduce(buffers, count)    buffers and item count become sums over ranks
   global_norm(...)          norm and found_inf become global over shards
@@ -86,6 +87,10 @@ class LocalSync:
 
     def reduce(self, buffers: GradBuffers, count: torch.Tensor) -> None:
         """Sums the window's buffers and item count over ranks (in place)."""
+
+    def release_held(self, hooks: Any) -> None:
+        """flush() of a short window: hands the wrapper's still-held sums to the armed-and-finished `hooks`
+        (the accumulator's GradHooks), as a synced backward would; nothing held here."""
 
     def before_finish(self) -> None:
         """Called once at every window end, before reduce; raises when the window cannot be closed here."""

@@ -20,10 +20,11 @@ defers the replicate all-reduce to the window's end with
 set_requires_all_reduce(False); "window" defers both.
 
 In every mode but FSDP "micro_step", FSDP holds reduced-but-unfinished
-sums between micro-steps that only a synced backward releases: a short
-last window must then be closed by its last micro-batch (`acc.iterate(loader)`
-marks it, or `acc.micro_step(last=True)`), not by flush(), and a checkpoint
-must be taken at a window boundary. Both are checked, with a clear error.
+sums between micro-steps that a synced backward releases. flush() of a
+short last window releases them itself (release_held: FSDP's end-of-backward
+callback with the reductions on); its last micro-batch can close it as well
+(`acc.iterate(loader)` marks it, or `acc.micro_step(last=True)`). A
+checkpoint must be taken at a window boundary (checked, with a clear error).
 
 "mean" mode with num_items: FSDP reduces each backward's gradient before
 the accumulator's hooks see it, so the accumulator multiplies each
@@ -96,6 +97,31 @@ class FSDP2Sync(LocalSync):
             )
 
     # -- window end -------------------------------------------------------------------------------------------------
+
+    def release_held(self, hooks: Any) -> None:
+        """Runs what the end of a synced backward runs (FSDP's root post-backward callback) with the reductions
+        switched on: "window" mode reduce-scatters the unsharded sums FSDP accumulated, HSDP all-reduces the
+        partial shard-group sums (reducing zeros beside them: set_reduce_scatter_unused_params). FSDP sets the
+        results as the shards' .grad, whose hooks fold them into the buffers. Every rank's flush() runs the same
+        collectives, as every rank's closing backward would. Uses FSDP2's root state (a private method of
+        FSDPModule, torch 2.13); without it the error of before_finish stands."""
+        root = getattr(self.model, "_get_fsdp_state", None)
+        if not self._held or root is None:
+            return
+        self.model.set_requires_gradient_sync(True)
+        if self.hsdp:
+            self.model.set_requires_all_reduce(True)
+        self.model.set_reduce_scatter_unused_params(True)
+        hooks.arm(1.0)  # FSDP weighs micro-batches in the loss (weights_micro_batches = False)
+        try:
+            root()._root_post_backward_final_callback()
+            hooks.finish()
+        except BaseException:
+            hooks.abort()  # disarm; the window end does not run (told_to_peers names a failed peer)
+            raise
+        finally:
+            self.model.set_reduce_scatter_unused_params(False)
+        self._held = False
 
     def before_finish(self) -> None:
         if self._held:

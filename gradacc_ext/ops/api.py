@@ -14,13 +14,14 @@ host, so all are CUDA-graph capturable on the compiled path.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Literal
 
 import torch
 
-from . import _checks, _coverage, reference
+from . import _aliasing, _checks, _coverage, reference
 from ._loader import LOAD_REASON, extension_has_cuda, extension_loaded
 from .constants import DEFAULT_EPS
 
@@ -116,6 +117,7 @@ def accumulate_(
     """
     op = "gradacc.accumulate_"
     bufs, grads = _as_list(op, bufs, "bufs"), _as_list(op, grads, "grads")
+    _aliasing.check_outputs(op, bufs=bufs)
     alpha, alpha_tensor = _split_scale(scale)
     device = _checks.list_device(bufs or grads, alpha_tensor)
 
@@ -142,21 +144,27 @@ def accumulate_final_(
 
     bufs[i] = ((assign ? 0 : bufs[i]) + scale * grads[i]) * inv_scale; then
     found_inf (one-element float32) is set to 1 if any result is non-finite
-    (never cleared), and norm_out receives the results' global norm.
+    (never cleared), and norm_out receives the results' global norm of order
+    norm_type: any order global_norm takes. 2 and inf ride in the same pass;
+    another order is a second pass over the results (global_norm).
     """
     op = "gradacc.accumulate_final_"
     bufs, grads = _as_list(op, bufs, "bufs"), _as_list(op, grads, "grads")
+    _aliasing.check_outputs(op, bufs=bufs)
     alpha, alpha_tensor = _split_scale(scale)
     device = _checks.list_device(bufs or grads, norm_out)
+    p = float(norm_type)
+    _checks.check_norm_type(op, p)  # here, for both backends: the kernels take 2 and inf only
+    in_pass = p if p in (2.0, math.inf) else 2.0  # the order the one-pass kernel measures
 
     def validate() -> None:
-        _checks.check_accumulate_final(
-            op, bufs, grads, alpha, alpha_tensor, inv_scale, found_inf, norm_out, float(norm_type)
-        )
+        _checks.check_accumulate_final(op, bufs, grads, alpha, alpha_tensor, inv_scale, found_inf, norm_out, in_pass)
 
     empty = norm_out.zero_ if not bufs and not grads else None  # the norm of nothing is 0
-    args = (bufs, grads, alpha, alpha_tensor, assign, inv_scale, found_inf, norm_out, float(norm_type))
+    args = (bufs, grads, alpha, alpha_tensor, assign, inv_scale, found_inf, norm_out, in_pass)
     _run("accumulate_final_", device, backend, validate, args, empty)
+    if in_pass != p and bufs:
+        norm_out.copy_(global_norm(bufs, p, backend=backend).reshape(norm_out.shape))
 
 
 def global_norm(
@@ -201,6 +209,7 @@ def unscale_(
     """tensors *= inv_scale; found_inf = 1 if any input is non-finite (fp32, fp16, bf16)."""
     op = "gradacc.unscale_"
     tensors = _as_list(op, tensors, "tensors")
+    _aliasing.check_outputs(op, tensors=tensors)
     device = _checks.list_device(tensors, found_inf)
 
     def validate() -> None:
@@ -225,6 +234,7 @@ def clip_by_norm_(
     """
     op = "gradacc.clip_by_norm_"
     tensors = _as_list(op, tensors, "tensors")
+    _aliasing.check_outputs(op, tensors=tensors)
     if isinstance(total_norm, (int, float)):
         # float64 keeps the number exact until the kernel rounds it, like a float64 tensor.
         total_norm = torch.tensor(float(total_norm), dtype=torch.float64, device=_checks.list_device(tensors))
@@ -248,6 +258,7 @@ def clip_grad_norm_(
     """Global norm, then clip by it; returns the (pre-clip) norm. No host sync."""
     op = "gradacc.clip_grad_norm_"
     tensors = _as_list(op, tensors, "tensors")
+    _aliasing.check_outputs(op, tensors=tensors)  # before the norm pass (clip_by_norm_ checks again)
     _checks.check_max_norm(op, float(max_norm))
     # The clip's own range checks before the norm runs: a bad eps must not cost a norm pass first.
     _checks.check_fits_float(op, "max_norm", float(max_norm), tensors)
@@ -267,6 +278,7 @@ def clip_by_value_(
     negative clip_value sets every element to it; NaN stays NaN."""
     op = "gradacc.clip_by_value_"
     tensors = _as_list(op, tensors, "tensors")
+    _aliasing.check_outputs(op, tensors=tensors)
     device = _checks.list_device(tensors)
 
     def validate() -> None:

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import torch
 
-from . import _checks_optim, reference_optim
+from . import _aliasing, _checks_optim, reference_optim
 from ._checks import list_device
 from .api import Backend, _as_list, _nothing, _run, _split_scale
 
@@ -73,6 +73,10 @@ def adamw_step_(
         master_params=master_params,
         steps=steps,
     )
+    _aliasing.check_outputs(
+        op, params=params, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs, max_exp_avg_sqs=max_sqs,
+        master_params=masters, steps=steps,
+    )  # fmt: skip
     lr_value, lr_tensor = _split_scale(lr)
     beta1, beta2 = (float(b) for b in betas)
     args = (
@@ -114,6 +118,9 @@ def sgd_step_(
         op,
         params=params, grads=grads, momentum_buffers=momentum_buffers, master_params=master_params, steps=steps
     )
+    _aliasing.check_outputs(
+        op, params=params, momentum_buffers=buffers, master_params=masters, steps=steps
+    )  # fmt: skip
     lr_value, lr_tensor = _split_scale(lr)
     args = (
         params, grads, buffers, masters, steps, lr_value, lr_tensor, grad_mult, found_inf, float(momentum),
