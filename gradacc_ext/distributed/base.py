@@ -45,6 +45,14 @@ class GradBuffers(Protocol):
     def include_all(self) -> None: ...  # every view holds this window's value (zero where none came)
 
 
+class GradHooks(Protocol):
+    """What flush() hands a strategy of the accumulator's gradient hooks (gradacc_ext.accumulate.hooks.GradHooks)."""
+
+    def arm(self, weight: float | torch.Tensor) -> None: ...  # the next gradients fold in, weighted
+    def fold_rest(self) -> None: ...  # folds what arrived since the last bucket, then disarms
+    def abort(self) -> bool: ...  # disarms after a failure
+
+
 class SyncConfig(Protocol):
     """The fields of gradacc_ext.GradientAccumulationConfig that choose and check a strategy."""
 
@@ -88,8 +96,8 @@ class LocalSync:
     def reduce(self, buffers: GradBuffers, count: torch.Tensor) -> None:
         """Sums the window's buffers and item count over ranks (in place)."""
 
-    def release_held(self, hooks: Any) -> None:
-        """flush() of a short window: hands the wrapper's still-held sums to the armed-and-finished `hooks`
+    def release_held(self, hooks: GradHooks) -> None:
+        """flush() of a short window: hands the wrapper's still-held sums to the armed-and-folded `hooks`
         (the accumulator's GradHooks), as a synced backward would; nothing held here."""
 
     def before_finish(self) -> None:

@@ -50,7 +50,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from ..ops.norms import norm_from_partial, partial_norm
-from .base import GradBuffers, LocalSync
+from .base import GradBuffers, GradHooks, LocalSync
 from .rank_state import dense_grads, pack_counts, unpack_counts
 
 
@@ -98,7 +98,7 @@ class FSDP2Sync(LocalSync):
 
     # -- window end -------------------------------------------------------------------------------------------------
 
-    def release_held(self, hooks: Any) -> None:
+    def release_held(self, hooks: GradHooks) -> None:
         """Runs what the end of a synced backward runs (FSDP's root post-backward callback) with the reductions
         switched on: "window" mode reduce-scatters the unsharded sums FSDP accumulated, HSDP all-reduces the
         partial shard-group sums (reducing zeros beside them: set_reduce_scatter_unused_params). FSDP sets the
@@ -115,7 +115,7 @@ class FSDP2Sync(LocalSync):
         hooks.arm(1.0)  # FSDP weighs micro-batches in the loss (weights_micro_batches = False)
         try:
             root()._root_post_backward_final_callback()
-            hooks.finish()
+            hooks.fold_rest()
         except BaseException:
             hooks.abort()  # disarm; the window end does not run (told_to_peers names a failed peer)
             raise
