@@ -1,0 +1,117 @@
+"""PyTorch Lightning's own loop with our optimizer and clipping: Trainer(accumulate_grad_batches=4,
+gradient_clip_val=1.0), the optimizer and a per-step scheduler from configure_optimizers, precision
+"32" and "bf16-mixed". Lightning hands step() a closure and clips through its precision plugin."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pl = pytest.importorskip("lightning.pytorch")
+
+from _common import ACCUM, CLIP, assert_same_params, params_of, regression_data, tiny_mlp  # noqa: E402
+
+import gradacc_ext.utils  # noqa: E402
+from gradacc_ext.optim import FusedAdamW  # noqa: E402
+
+pytestmark = pytest.mark.frameworks
+BATCHES = 3 * ACCUM  # three optimizer steps
+
+
+def warmup(step: int) -> float:
+    return min(1.0, (step + 1) / 2)
+
+
+class Regressor(pl.LightningModule):
+    """An MLP whose optimizer is torch's AdamW or FusedAdamW; `our_clip` replaces Lightning's
+    clipping with gradacc_ext.utils.clip_grad_norm_ through Lightning's own clipping hook."""
+
+    def __init__(self, fused: bool, our_clip: bool = False, max_grad_norm: float | None = None) -> None:
+        super().__init__()
+        self.net = tiny_mlp()
+        self.fused, self.our_clip, self.max_grad_norm = fused, our_clip, max_grad_norm
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x).float(), y)
+
+    def configure_optimizers(self):
+        kwargs = {"lr": 3e-2, "weight_decay": 0.1}
+        if self.fused:
+            opt = FusedAdamW(self.parameters(), **kwargs, max_grad_norm=self.max_grad_norm)
+        else:
+            opt = torch.optim.AdamW(self.parameters(), **kwargs)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        if self.our_clip:
+            gradacc_ext.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
+        else:
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+
+def trainer(precision: str, **kwargs) -> pl.Trainer:
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        precision=precision,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+        **kwargs,
+    )
+
+
+def loader() -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(regression_data(BATCHES), batch_size=3, shuffle=False)
+
+
+def fit(module: pl.LightningModule, precision: str, **kwargs) -> dict[str, torch.Tensor]:
+    trainer(precision, **kwargs).fit(module, loader())
+    return params_of(module)
+
+
+@pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
+def test_lightning_fused_adamw_and_our_clip_equal_torch(precision: str) -> None:
+    start = params_of(Regressor(fused=False))
+    want = fit(Regressor(fused=False), precision, accumulate_grad_batches=ACCUM, gradient_clip_val=CLIP)
+    got = fit(Regressor(fused=True, our_clip=True), precision, accumulate_grad_batches=ACCUM, gradient_clip_val=CLIP)
+    assert_same_params(got, want, start)
+
+
+def test_lightning_own_clipping_with_fused_adamw_at_fp32() -> None:
+    """At precision 32 Lightning's own clip_gradients (torch's clip_grad_norm_) runs before our step."""
+    start = params_of(Regressor(fused=False))
+    want = fit(Regressor(fused=False), "32", accumulate_grad_batches=ACCUM, gradient_clip_val=CLIP)
+    got = fit(Regressor(fused=True), "32", accumulate_grad_batches=ACCUM, gradient_clip_val=CLIP)
+    assert_same_params(got, want, start)
+
+
+@pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
+def test_lightning_fused_adamw_clipping_inside_its_step(precision: str) -> None:
+    """FusedAdamW(max_grad_norm=...) without gradient_clip_val: the route Lightning leaves open under
+    mixed precision, where it refuses gradient_clip_val for any optimizer that unscales in its step."""
+    start = params_of(Regressor(fused=False))
+    want = fit(Regressor(fused=False), precision, accumulate_grad_batches=ACCUM, gradient_clip_val=CLIP)
+    got = fit(Regressor(fused=True, max_grad_norm=CLIP), precision, accumulate_grad_batches=ACCUM)
+    assert_same_params(got, want, start)
+
+
+def test_lightning_fp16_grad_scaler_handshake() -> None:
+    """16-mixed with a CPU GradScaler: Lightning skips unscale_ for an optimizer that unscales in its
+    step and calls scaler.step, which hands FusedAdamW grad_scale and found_inf."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    scalers = [torch.amp.GradScaler("cpu", init_scale=2.0**10) for _ in range(2)]
+    start = params_of(Regressor(fused=False))
+    plugin = [MixedPrecision("16-mixed", "cpu", scaler=scalers[0])]
+    want = fit(Regressor(fused=False), None, plugins=plugin, accumulate_grad_batches=ACCUM, gradient_clip_val=CLIP)
+    plugin = [MixedPrecision("16-mixed", "cpu", scaler=scalers[1])]
+    got = fit(Regressor(fused=True, max_grad_norm=CLIP), None, plugins=plugin, accumulate_grad_batches=ACCUM)
+    assert_same_params(got, want, start)
+    for scaler in scalers:  # scaling ran: three windows, no overflow, so three unskipped updates
+        assert scaler.state_dict()["_growth_tracker"] == 3 and scaler.get_scale() == 2.0**10
