@@ -10,7 +10,9 @@ ACCUM = 4
 CLIP = 1.0
 
 
-def regression_data(batches: int, batch_size: int = 3, features: int = 7, seed: int = 0) -> torch.utils.data.TensorDataset:
+def regression_data(
+    batches: int, batch_size: int = 3, features: int = 7, seed: int = 0
+) -> torch.utils.data.TensorDataset:
     """batches * batch_size rows of a noisy linear target (odd sizes, never all-zero)."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(batches * batch_size, features, generator=gen)
@@ -27,7 +29,9 @@ def params_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def assert_same_params(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> None:
+def assert_same_params(
+    got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], start: dict[str, torch.Tensor]
+) -> None:
     """Equal within TOL, and both moved away from `start` (a run that never stepped cannot pass)."""
     assert got.keys() == want.keys()
     for name in want:
