@@ -55,7 +55,7 @@ def trainer(precision: str, **kwargs) -> pl.Trainer:
     return pl.Trainer(
         accelerator="cpu",
         devices=1,
-        max_epochs=1,
+        max_epochs=kwargs.pop("max_epochs", 1),
         precision=precision,
         logger=False,
         enable_checkpointing=False,
@@ -115,3 +115,65 @@ def test_lightning_fp16_grad_scaler_handshake() -> None:
     assert_same_params(got, want, start)
     for scaler in scalers:  # scaling ran: three windows, no overflow, so three unskipped updates
         assert scaler.state_dict()["_growth_tracker"] == 3 and scaler.get_scale() == 2.0**10
+
+
+class AccumulatorRegressor(Regressor):
+    """Manual optimisation: the window runs in GradientAccumulator (GradientAccumulatorCallback)."""
+
+    def __init__(self, fused: bool) -> None:
+        super().__init__(fused)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        with self.accumulator.micro_step():
+            loss = super().training_step(batch, batch_idx)
+            self.accumulator.backward(loss)
+        return loss
+
+
+@pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
+@pytest.mark.parametrize("fused", [False, True], ids=["torch-adamw", "fused-adamw"])
+def test_lightning_gradient_accumulator_callback_equals_accumulate_grad_batches(precision: str, fused: bool) -> None:
+    from gradacc_ext import GradientAccumulationConfig
+    from gradacc_ext.integrations.lightning import GradientAccumulatorCallback
+
+    start = params_of(Regressor(fused=False))
+    want = fit(Regressor(fused=False), precision, accumulate_grad_batches=ACCUM, gradient_clip_val=CLIP)
+    callback = GradientAccumulatorCallback(GradientAccumulationConfig(accumulation_steps=ACCUM, max_grad_norm=CLIP))
+    module = AccumulatorRegressor(fused)
+    t = trainer(precision, callbacks=[callback])
+    t.fit(module, loader())
+    assert_same_params(params_of(module), want, start)
+    assert t.global_step == BATCHES // ACCUM and callback.accumulator.optimizer_steps == BATCHES // ACCUM
+
+
+def test_lightning_gradient_accumulator_callback_refuses_automatic_optimisation() -> None:
+    from gradacc_ext import GradientAccumulationConfig
+    from gradacc_ext.integrations.lightning import GradientAccumulatorCallback
+
+    callback = GradientAccumulatorCallback(GradientAccumulationConfig(accumulation_steps=ACCUM))
+    with pytest.raises(ValueError, match="automatic_optimization = False"):
+        trainer("32", callbacks=[callback]).fit(Regressor(fused=True), loader())
+
+
+def test_lightning_gradient_accumulator_callback_checkpoint_resume(tmp_path) -> None:
+    """Two epochs at once equal one epoch, Lightning's checkpoint, and a resumed second epoch: the
+    checkpoint holds FusedAdamW's state, the scheduler's and the accumulator's (the callback's)."""
+    from gradacc_ext import GradientAccumulationConfig
+    from gradacc_ext.integrations.lightning import GradientAccumulatorCallback
+
+    def run(max_epochs: int, ckpt_path=None) -> tuple[AccumulatorRegressor, pl.Trainer]:
+        config = GradientAccumulationConfig(accumulation_steps=ACCUM, max_grad_norm=CLIP)
+        module = AccumulatorRegressor(fused=True)
+        t = trainer("32", max_epochs=max_epochs, callbacks=[GradientAccumulatorCallback(config)])
+        t.fit(module, loader(), ckpt_path=ckpt_path)
+        return module, t
+
+    start = params_of(Regressor(fused=False))
+    whole, _ = run(2)
+    first, t = run(1)
+    t.save_checkpoint(tmp_path / "epoch1.ckpt")
+    resumed, t = run(2, ckpt_path=tmp_path / "epoch1.ckpt")
+    assert not torch.equal(params_of(first)["net.0.weight"], params_of(whole)["net.0.weight"])
+    assert_same_params(params_of(resumed), params_of(whole), start)
+    assert t.global_step == 2 * BATCHES // ACCUM and resumed.accumulator.optimizer_steps == 2 * BATCHES // ACCUM
