@@ -216,7 +216,7 @@ def test_compiled_norm_matches() -> None:
 @pytest.fixture
 def small_sets(monkeypatch: pytest.MonkeyPatch) -> None:
     """Input sets of 4 MiB in all: the cells' logic, without building hundreds of MiB per cell."""
-    monkeypatch.setattr(timing, "rotation_bytes", lambda device: 4 << 20)
+    monkeypatch.setattr(timing, "rotation_bytes", lambda device, cache_multiple=8: 4 << 20)
 
 
 def test_mismatching_implementation_is_not_timed(monkeypatch: pytest.MonkeyPatch, small_sets: None) -> None:
