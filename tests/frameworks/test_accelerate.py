@@ -28,9 +28,13 @@ def parts(fused: bool):
     return model, opt, sched, loader
 
 
-def accelerate_loop(fused: bool) -> dict[str, torch.Tensor]:
+def accelerate_loop(fused: bool, scaler: torch.amp.GradScaler | None = None) -> dict[str, torch.Tensor]:
     """README's "Before" loop; with fused=True the optimizer is FusedAdamW and the clip ours."""
-    accelerator = accelerate.Accelerator(gradient_accumulation_steps=ACCUM, cpu=True)
+    precision = "no" if scaler is None else "fp16"
+    accelerate.state.AcceleratorState._reset_state(True)  # the settings are process-wide (accelerate's tests reset)
+    accelerator = accelerate.Accelerator(gradient_accumulation_steps=ACCUM, cpu=True, mixed_precision=precision)
+    if scaler is not None:  # what Accelerator(mixed_precision="fp16") sets up on a GPU; on a CPU it does not
+        accelerator.scaler, accelerator.native_amp = scaler, True
     model, opt, sched, loader = accelerator.prepare(*parts(fused))
     for x, y in loader:
         with accelerator.accumulate(model):
@@ -38,6 +42,7 @@ def accelerate_loop(fused: bool) -> dict[str, torch.Tensor]:
             accelerator.backward(loss)
             if accelerator.sync_gradients:
                 if fused:
+                    accelerator.unscale_gradients()  # what accelerator.clip_grad_norm_ does first (no-op unscaled)
                     gradacc_ext.utils.clip_grad_norm_(model.parameters(), CLIP)
                 else:
                     accelerator.clip_grad_norm_(model.parameters(), CLIP)
@@ -75,3 +80,14 @@ def test_accelerate_loop_with_fused_adamw_and_our_clip(plain) -> None:
 @pytest.mark.parametrize("fused", [False, True], ids=["torch-adamw", "fused-adamw"])
 def test_accelerate_loop_migrated_to_gradient_accumulator(plain, fused: bool) -> None:
     assert_same_params(migrated_loop(fused), plain, params_of(tiny_mlp()))
+
+
+def test_accelerate_loop_grad_scaler_unscale_then_step() -> None:
+    """Accelerate's fp16 sequence: scaler.scale(loss).backward(), scaler.unscale_(opt) before the clip,
+    then scaler.step(opt): GradScaler hands FusedAdamW found_inf and no scale (already unscaled)."""
+    scalers = [torch.amp.GradScaler("cpu", init_scale=2.0**10) for _ in range(2)]
+    want = accelerate_loop(fused=False, scaler=scalers[0])
+    got = accelerate_loop(fused=True, scaler=scalers[1])
+    assert_same_params(got, want, params_of(tiny_mlp()))
+    for scaler in scalers:  # the scaler ran: one unskipped update per window
+        assert scaler.state_dict()["_growth_tracker"] == BATCHES // ACCUM
