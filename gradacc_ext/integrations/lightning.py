@@ -38,12 +38,8 @@ class GradientAccumulatorCallback(pl.Callback):
         if pl_module.automatic_optimization:
             raise ValueError(
                 "GradientAccumulatorCallback needs manual optimisation: set self.automatic_optimization = False "
-                "in the LightningModule (the accumulator steps the optimizer)"
-            )
-        if trainer.accumulate_grad_batches != 1:
-            raise ValueError(
-                f"GradientAccumulatorCallback: Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) "
-                "would accumulate twice; leave it at 1 and set config.accumulation_steps"
+                "in the LightningModule (the accumulator steps the optimizer; Lightning itself then refuses "
+                "Trainer(accumulate_grad_batches=...), which would accumulate twice)"
             )
         if len(trainer.optimizers) != 1 or len(trainer.lr_scheduler_configs) > 1:
             raise ValueError(

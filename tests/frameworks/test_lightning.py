@@ -156,6 +156,20 @@ def test_lightning_gradient_accumulator_callback_refuses_automatic_optimisation(
         trainer("32", callbacks=[callback]).fit(Regressor(fused=True), loader())
 
 
+def test_lightning_gradient_accumulator_callback_max_steps_counts_windows() -> None:
+    """Each closed window is one trainer.global_step: max_steps=2 stops after two windows (8 batches)."""
+    from gradacc_ext import GradientAccumulationConfig
+    from gradacc_ext.integrations.lightning import GradientAccumulatorCallback
+
+    callback = GradientAccumulatorCallback(GradientAccumulationConfig(accumulation_steps=ACCUM))
+    module = AccumulatorRegressor(fused=True)
+    seen: list[int] = []
+    module.on_train_batch_start = lambda batch, batch_idx: seen.append(batch_idx)
+    t = trainer("32", callbacks=[callback], max_steps=2)
+    t.fit(module, loader())
+    assert t.global_step == 2 and callback.accumulator.optimizer_steps == 2 and seen == list(range(2 * ACCUM))
+
+
 def test_lightning_gradient_accumulator_callback_checkpoint_resume(tmp_path) -> None:
     """Two epochs at once equal one epoch, Lightning's checkpoint, and a resumed second epoch: the
     checkpoint holds FusedAdamW's state, the scheduler's and the accumulator's (the callback's)."""
