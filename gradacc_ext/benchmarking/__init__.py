@@ -36,7 +36,7 @@ CLI_TIMING = {
 
 
 # The input sets of a `gradacc bench` cell move 2x the last-level cache together, not compare.py's 8x:
-# on a VM that reports a 260 MiB L3, 8x meant 2 GiB of sets per cell (most of an 80 s run, 4.6 GB RSS).
+# on a VM that reports a 260 MiB L3, 8x meant 2 GiB of sets per cell (most of 60-74 CPU-s, 4.2 GB RSS).
 # Sets moving 2x the cache occupy at least its size (no byte is counted more than twice), so a cyclic
 # walk over them finds nothing left in an LRU cache. Timed on that VM at load 4 (gpt2-small=0.125,
 # gradacc acc_fp32, 1 thread): 2x, 4x and 8x ran at 1.16, 1.17, 1.19 ms, 1x at 0.90 ms (from cache).
