@@ -126,6 +126,20 @@ def test_state_is_random_and_clip_really_clips() -> None:
     assert norm_only.grads == [] and norm_only.params == [] and norm_only.optimizer is None
 
 
+def test_params_that_only_hold_grads_take_no_memory() -> None:
+    """torch's clipping (eager tail and clip) reads only p.grad: without an optimizer the params are
+    zero-stride views of one element, and restore() leaves them alone (they cannot be written)."""
+    s = make_state(TINY, OPERATIONS["clip"], "cpu", seed=4, with_params=True)
+    assert len(s.params) == TINY.num_tensors and all(p.grad is b for p, b in zip(s.params, s.bufs, strict=True))
+    assert {p.untyped_storage().nbytes() for p in s.params} == {4}
+    s.snapshot()
+    before = [b.clone() for b in s.bufs]
+    torch.nn.utils.clip_grads_with_norm_(s.params, s.max_norm, s.clip_norm, foreach=True)
+    assert not all(torch.equal(a, b) for a, b in zip(before, s.bufs, strict=True))
+    s.restore()
+    assert all(torch.equal(a, b) for a, b in zip(before, s.bufs, strict=True))
+
+
 def test_sets_needed_exceed_the_cache() -> None:
     cpu = torch.device("cpu")
     total = timing.rotation_bytes(cpu)
@@ -216,7 +230,7 @@ def test_compiled_norm_matches() -> None:
 @pytest.fixture
 def small_sets(monkeypatch: pytest.MonkeyPatch) -> None:
     """Input sets of 4 MiB in all: the cells' logic, without building hundreds of MiB per cell."""
-    monkeypatch.setattr(timing, "rotation_bytes", lambda device: 4 << 20)
+    monkeypatch.setattr(timing, "rotation_bytes", lambda device, cache_multiple=8: 4 << 20)
 
 
 def test_mismatching_implementation_is_not_timed(monkeypatch: pytest.MonkeyPatch, small_sets: None) -> None:

@@ -252,7 +252,7 @@ def tiny_bench(monkeypatch):
 
     monkeypatch.setattr(benchmarking, "CLI_WORKLOADS", "gpt2-small=0.02")
     for module in (timing, runner):  # input sets and roofline streams of 1 MiB
-        monkeypatch.setattr(module, "rotation_bytes", lambda device: 1 << 20)
+        monkeypatch.setattr(module, "rotation_bytes", lambda device, cache_multiple=8: 1 << 20)
     fast = timing.TimingConfig(threshold=0.5, min_time_s=0.0, max_time_s=0.01)
     monkeypatch.setattr(benchmarking, "CLI_TIMING", {"default": fast, "quick": fast})
 

@@ -35,6 +35,15 @@ CLI_TIMING = {
 }
 
 
+# The input sets of a `gradacc bench` cell move 2x the last-level cache together, not compare.py's 8x:
+# on a VM that reports a 260 MiB L3, 8x meant 2 GiB of sets per cell (most of 60-74 CPU-s, 4.2 GB RSS).
+# Sets moving 2x the cache occupy at least its size (no byte is counted more than twice), so a cyclic
+# walk over them finds nothing left in an LRU cache. Timed on that VM at load 4 (gpt2-small=0.125,
+# gradacc acc_fp32, 1 thread): 2x, 4x and 8x ran at 1.16, 1.17, 1.19 ms, 1x at 0.90 ms (from cache).
+# The roofline streams shrink alike, and a cell faster than every roofline sample is still flagged.
+CLI_CACHE_MULTIPLE = 2
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -51,6 +60,7 @@ def cli_config(device: str | None = None, *, quick: bool = False, threads: int |
         # The profiler's op count costs more than the timing on a CPU (80,000 events for one reference
         # call): only GPU launches are counted here; benchmarks/compare.py counts both.
         count_launches=torch.device(device or default_device()).type == "cuda" and not quick,
+        cache_multiple=CLI_CACHE_MULTIPLE,
     )
 
 

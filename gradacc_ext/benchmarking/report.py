@@ -49,8 +49,20 @@ def header(results: dict) -> list[str]:
         f"blocks' IQR/median < {timing['threshold']:g} after >= {timing['min_time_s']:g} s, or at "
         f"{timing['max_time_s']:g} s, split over {timing.get('rounds', 1)} turns per implementation, the "
         f"implementations taking turns); {meta['threads']} CPU thread{'s' if meta['threads'] > 1 else ''}; "
-        "median per call, ± = IQR/median; GB/s from the byte model (benchmarks/NOTES.md).",
+        "median per call, ± = IQR/median; GB/s from the byte model (benchmarks/NOTES.md)"
+        + _rotation_text(copy)
+        + ".",
     ]
+
+
+def _rotation_text(copy: dict) -> str:
+    """Older result files lack the rotation: nothing is said for them."""
+    if "rotation_bytes" not in copy:
+        return ""
+    return (
+        f"; every call runs on the next of a cell's input sets, which together move >= "
+        f"{copy['rotation_bytes'] / 2**20:.0f} MiB ({copy['cache_multiple']}x the last-level cache, or a floor)"
+    )
 
 
 def workloads_table(results: dict) -> list[str]:

@@ -19,6 +19,7 @@ from .impls import IMPLS, build_impl
 from .operations import OPERATIONS, Operation
 from .state import GradState, make_state, needs_params
 from .timing import (
+    CACHE_MULTIPLE,
     Roofline,
     TimingConfig,
     count_launches,
@@ -45,6 +46,7 @@ class BenchConfig:
     impls: Sequence[str] = IMPLS
     timing: TimingConfig = field(default_factory=TimingConfig)
     copy_bytes: int | None = None  # size of the roofline's streams; default: timing.rotation_bytes
+    cache_multiple: int = CACHE_MULTIPLE  # a cell's input sets move >= this x the last-level cache together
     count_launches: bool = True  # the profiler run per timed row (seconds on a 2,000-tensor reference)
     huge_peers: bool = False  # run eager/compile on tensors > 2**31 elements (torch #169930 may crash)
     # torch.compile of a 2,000-tensor list ran > 4 min for one op on 2 CPU cores without finishing: such
@@ -153,7 +155,7 @@ def run_cell(workload: Workload, op: Operation, config: BenchConfig, log: Log) -
     """Verifies each implementation of one cell, then times them in turns; "% of roofline" is added by run()."""
     device = config.device
     bytes_moved = op.bytes_moved(workload.numel)
-    n_sets = sets_needed(bytes_moved, device)
+    n_sets = sets_needed(bytes_moved, device, config.cache_multiple)
     if workload.gpu_only and op.needs_optimizer:
         # AdamW states of a 2**31-element tensor plus the check's copies would not fit beside the reference.
         log(f"  {workload.name:11s} {op.key:10s} skipped (memory)")
@@ -215,7 +217,8 @@ def _run(config: BenchConfig, log: Log) -> dict:
     device = config.device
     meta = environment(device)
     log(f"device {meta['device_name']}, torch {meta['torch_version']}, gradacc backend: {meta['gradacc_backend']}")
-    roofline = Roofline(device, config.copy_bytes or rotation_bytes(device), config.timing.threads)
+    rotation = rotation_bytes(device, config.cache_multiple)
+    roofline = Roofline(device, config.copy_bytes or rotation, config.timing.threads)
     first = roofline.sample()
     log(f"streams at the start: copy_ {first['copy_gbps']:.2f} GB/s, in-place add_ {first['inplace_gbps']:.2f} GB/s")
     workloads = [w for w in config.workloads if not (w.gpu_only and device.type != "cuda")]
@@ -230,8 +233,13 @@ def _run(config: BenchConfig, log: Log) -> dict:
             cells += run_cell(w, op, config, log)
             roofline.sample()  # next to every cell: the machine's load changes during the run
     log(f"roofline: {roofline.gbps:.2f} GB/s, the fastest of {len(roofline.samples)} samples")
-    roofline_summary = {"bytes": 4 * roofline.numel, "gbps": roofline.gbps, "samples": roofline.samples}
-    roofline.free()
+    roofline_summary = {
+        "bytes": 4 * roofline.numel,
+        "gbps": roofline.gbps,
+        "samples": roofline.samples,
+        "rotation_bytes": rotation,
+        "cache_multiple": config.cache_multiple,
+    }
     for cell in cells:
         if "gbps" in cell:
             cell["pct_copy"] = roofline.percent(cell["gbps"])  # None above it: kept in the JSON as gbps

@@ -33,14 +33,16 @@ CLIP_ALONE_COEF = 0.999
 ADAMW_LR = 1e-4
 UNSCALE_ALONE_INV_SCALE = -1.0
 ALIGN_BYTES = 64
-POOL = 1 << 20
+POOL = 1 << 16  # random values drawn per list; repeated over longer lists
 
 
 @dataclass
 class GradState:
     bufs: list[torch.Tensor]  # accumulation buffers (fp32; op.buf_dtype for unscale alone), also the params' .grad
     grads: list[torch.Tensor]  # this micro-step's (loss-scaled) grads; empty when the op reads none
-    params: list[torch.nn.Parameter]  # empty unless an implementation needs p.grad or an optimizer
+    # Empty unless an implementation needs p.grad or an optimizer. Without an optimizer nothing reads
+    # their data: each is then a zero-stride view of one element (no memory), holding .grad only.
+    params: list[torch.nn.Parameter]
     found_inf: torch.Tensor
     inv_scale: torch.Tensor
     norm_out: torch.Tensor
@@ -50,7 +52,8 @@ class GradState:
     _snapshot: list[torch.Tensor] = field(default_factory=list, repr=False)
 
     def mutable(self) -> list[torch.Tensor]:
-        return [*self.bufs, *self.params, self.found_inf, self.norm_out]
+        params = self.params if self.optimizer is not None else []  # only an optimizer writes them
+        return [*self.bufs, *params, self.found_inf, self.norm_out]
 
     def snapshot(self) -> None:
         """Remembers every tensor an implementation may write (see restore)."""
@@ -122,7 +125,12 @@ def make_state(
     grads = normal(op.grad_dtype, LOSS_SCALE) if op.grad_dtype is not None else []
     params: list[torch.nn.Parameter] = []
     if needs_params(op) if with_params is None else with_params:
-        for p_data, buf in zip(normal(torch.float32, 0.02), bufs, strict=True):
+        if op.needs_optimizer:
+            data = normal(torch.float32, 0.02)
+        else:  # only .grad is read (torch's clipping): no memory for the data
+            zero = torch.zeros((), dtype=torch.float32, device=device)
+            data = [zero.expand(shape) for shape in workload.shapes]
+        for p_data, buf in zip(data, bufs, strict=True):
             p = torch.nn.Parameter(p_data)
             p.grad = buf
             params.append(p)

@@ -27,6 +27,7 @@ from torch.utils.benchmark import Measurement, Timer
 
 MAX_SETS = 256
 CPU_CACHE_FALLBACK = 32 << 20
+CACHE_MULTIPLE = 8  # benchmarks/compare.py's rotation: 8x the last-level cache (gradacc bench: 2x, see cli_config)
 
 
 @dataclass(frozen=True)
@@ -65,20 +66,21 @@ def cache_bytes(device: torch.device) -> int:
     return max(sizes, default=CPU_CACHE_FALLBACK)
 
 
-def rotation_bytes(device: torch.device) -> int:
+def rotation_bytes(device: torch.device, cache_multiple: int = CACHE_MULTIPLE) -> int:
     """Bytes the rotated input sets must move together, and the size of the roofline's streams.
 
-    At least 8x the reported last-level cache, and a floor on top, because a
-    virtual machine may report less cache than the host has (on this 2-core
+    At least `cache_multiple` x the reported last-level cache, and a floor on top,
+    because a virtual machine may report less cache than the host has (on a 2-core
     VM a 78 MB set that fit the real cache ran at 3x the copy bandwidth).
     """
     floor = 1 << 30 if device.type == "cuda" else 1 << 28
-    return max(floor, 8 * cache_bytes(device))
+    return max(floor, cache_multiple * cache_bytes(device))
 
 
-def sets_needed(bytes_per_set: int, device: torch.device) -> int:
+def sets_needed(bytes_per_set: int, device: torch.device, cache_multiple: int = CACHE_MULTIPLE) -> int:
     """Input sets to rotate so that together they move at least rotation_bytes (at most MAX_SETS)."""
-    return max(1, min(MAX_SETS, math.ceil(rotation_bytes(device) / max(1, bytes_per_set))))
+    total = rotation_bytes(device, cache_multiple)
+    return max(1, min(MAX_SETS, math.ceil(total / max(1, bytes_per_set))))
 
 
 def rotating(fn: Callable[[object], object], inputs: Sequence[object]) -> Callable[[], object]:
@@ -142,21 +144,28 @@ class Roofline:
     only at the start let a cell timed in a quieter moment reach 4x it. Cells are
     charged at their median; one that still beats the roofline was timed in a
     quieter moment than every sample, and the report says so instead of a % > 100.
+
+    The streams exist only during a sample (between cells): held for the whole
+    run they sat beside every cell's input sets, hundreds of MiB of peak memory.
     """
 
     CALLS = 2  # per stream and sample: each call moves hundreds of MiB
 
     def __init__(self, device: torch.device, nbytes: int, threads: int | None = None) -> None:
-        n = max(1, nbytes // 16)
-        # Constant fills: a stream's speed does not depend on its values, and drawing hundreds of MiB
-        # of random numbers took seconds of a `gradacc bench` run.
-        self.src = torch.full((n,), 1.0, dtype=torch.float32, device=device)
-        self.dst = torch.full((n,), 0.5, dtype=torch.float32, device=device)
-        self.numel = n
+        self.device = device
+        self.numel = max(1, nbytes // 16)
         self.threads = threads or torch.get_num_threads()
         self.samples: list[dict[str, float]] = []
 
+    def streams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fresh (src, dst). Constant fills: a stream's speed does not depend on its values, and
+        drawing hundreds of MiB of random numbers took seconds of a `gradacc bench` run."""
+        src = torch.full((self.numel,), 1.0, dtype=torch.float32, device=self.device)
+        dst = torch.full((self.numel,), 0.5, dtype=torch.float32, device=self.device)
+        return src, dst
+
     def sample(self) -> dict[str, float]:
+        src, dst = self.streams()
         streams = {
             "copy_gbps": ("dst.copy_(src)", 8),
             # A tiny alpha keeps dst near its values over thousands of adds (no overflow, no subnormals).
@@ -164,7 +173,7 @@ class Roofline:
         }
         sample = {}
         for key, (stmt, nbytes) in streams.items():
-            timer = Timer(stmt, globals={"src": self.src, "dst": self.dst}, num_threads=self.threads)
+            timer = Timer(stmt, globals={"src": src, "dst": dst}, num_threads=self.threads)
             best = min(timer.timeit(1).raw_times[0] for _ in range(self.CALLS))
             sample[key] = nbytes * self.numel / best / 1e9
         self.samples.append(sample)
@@ -179,9 +188,6 @@ class Roofline:
         every sample, so its figure measures the machine's load, not the op."""
         pct = 100.0 * gbps / self.gbps
         return pct if pct <= 100.0 else None
-
-    def free(self) -> None:
-        self.src = self.dst = torch.empty(0)
 
 
 @contextlib.contextmanager
