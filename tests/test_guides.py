@@ -327,7 +327,9 @@ for batch_idx, (data, targets) in enumerate(dataloader):
 """
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="an enabled GradScaler needs mixed_precision='fp16' (README)")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="an enabled GradScaler needs mixed_precision='fp16' (docs/migration.md)"
+)
 @pytest.mark.filterwarnings("ignore:.*CUDA is not available", "ignore:.*torch.cuda.amp.*is deprecated")
 def test_seed001_adaptive_with_a_scaler_and_the_loss_keys():
     from gradacc_ext.compat import AdaptiveGradientAccumulator, GradientAccumulationConfig

@@ -110,7 +110,8 @@ class WindowEnd:
 
         A norm past the float range from finite values (fp32 L2: >= 2**64) would clip by 0, as in torch:
         a step that applies none of the gradient but still moves the params by momentum and weight decay.
-        It is skipped instead, like an inf/NaN element (skip_nonfinite; README "The fused window tail").
+        It is skipped instead, like an inf/NaN element (skip_nonfinite; docs/optimizers.md, "A norm past the
+        float range").
         """
         self.found_inf.copy_(self.found_inf.logical_or(~self.norm.isfinite().reshape(self.found_inf.shape)))
 
