@@ -9,7 +9,8 @@ Two ways through the same sequence:
     then ONE optimizer pass whose grad_mult = inv_scale x clip coefficient is a device scalar: no
     unscale pass, no clip pass, no param.grad, no host sync;
   separate passes (any other optimizer, clip_value, float64 buffers): unscale and norm in one pass,
-    clip in place, param.grad = the buffers, optimizer.step().
+    clip in place, then param.grad = the buffers and optimizer.step() (or, where the optimizer takes the
+    fused step, that step with no multiplier).
 """
 
 from __future__ import annotations
