@@ -1,6 +1,6 @@
 """Builds gradacc_ext._C: CUDA + CPU kernels, CPU only, or nothing.
 
-Environment switches (see README, "Building"):
+Environment switches (see docs/install.md, "Environment variables"):
   GRADACC_NO_EXT=1       pure-Python install; every op runs the PyTorch reference.
   GRADACC_FORCE_CUDA=1   build the CUDA kernels even if torch looks CPU-only
                          (needs nvcc and a CUDA torch to link against).
@@ -23,7 +23,7 @@ from pathlib import Path
 from setuptools import setup
 
 ROOT = Path(__file__).parent
-# The wheel's default GPU archs, by the CUDA toolkit that builds it (README, "GPU architectures"):
+# The wheel's default GPU archs, by the CUDA toolkit that builds it (docs/install.md, "GPU architectures"):
 # a binary for every major generation the toolkit supports (X.Y runs on X.Z, Z >= Y, so 8.6/8.9
 # run the 8.0 binary), plus PTX of the newest for later GPUs. CUDA 13 dropped 7.0; sm_100/sm_120
 # need CUDA 12.8, sm_110 CUDA 13.0. Measured cost: about 3 CPU-seconds of nvcc and 0.5 MB each.

@@ -5,7 +5,8 @@ that follows applies none of the gradient but still moves the params (momentum, 
 error_if_nonfinite=True raises. The accumulator treats a non-finite norm like an inf/NaN element instead:
 with skip_nonfinite (the default) the window is skipped in both tails; without it the step clips by 0, as
 torch's does. The fused tail checks the norm of the window's sum before unscaling, so it skips from a
-lower unscaled norm (2**64 / (loss scale x normaliser)): pinned here, documented in README.
+lower unscaled norm (2**64 / (loss scale x normaliser)): pinned here, documented in docs/optimizers.md
+("A norm past the float range").
 """
 
 from __future__ import annotations

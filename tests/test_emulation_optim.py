@@ -7,7 +7,7 @@ does. Every case runs one adamw_step_ / sgd_step_ through the emulated launcher 
     derived from the kernels' roundings, and
 (b) bit for bit with the C++ CPU kernels (csrc/cpu/optim_cpu.cpp): the same element math, and
     stochastic rounding draws its bits from (seed, step, global element position) on every device,
-    as README promises ("a run reproduces from its seed on any device").
+    as docs/optimizers.md promises ("a run reproduces from its seed on any device").
 Per-tensor constants (adam_consts: pow, sqrt in double) come from the host's libm here: a GPU's
 double pow is not correctly rounded, so (b) is no evidence about those constants on a GPU.
 """

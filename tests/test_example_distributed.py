@@ -1,4 +1,4 @@
-"""examples/distributed_accumulate.py runs as the README says, under torchrun on CPU/gloo.
+"""examples/distributed_accumulate.py runs as docs/distributed.md says ("The example"), under torchrun on CPU/gloo.
 
 torch 2.13 with gloo sometimes aborts a rank at exit, after everything ran ("terminate called without an
 active exception", exit code -6): a plain DDP script without gradacc_ext did it in 1 of 6 runs, the

@@ -3,7 +3,8 @@
 The hand-written loop: AdamW + StepLR, set_requires_gradient_sync(False) / no_sync() until each
 window's last micro-batch, per-row mean losses weighted by the window's global row count (uneven
 per rank and per micro-batch), clip_grad_norm_, and a short last window. The migrated loop is the
-README's: `for batch in acc.iterate(loader)`, each micro-batch's mean loss with num_items.
+migration guide's (docs/migration.md, "A hand-written DDP or FSDP2 loop"): `for batch in acc.iterate(loader)`,
+each micro-batch's mean loss with num_items.
 """
 
 from __future__ import annotations

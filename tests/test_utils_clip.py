@@ -34,7 +34,7 @@ def make_grads(kind: str, layout: str, device: str, gen: torch.Generator) -> lis
     out = []
     for i, shape in enumerate(SHAPES):
         dtype = dtypes[i] if kind == "mixed" else getattr(torch, kind)
-        # std 0.1 keeps fp16's p = 0.5 norms (which grow like n^2) below its overflow (README: an overflowing
+        # std 0.1 keeps fp16's p = 0.5 norms (which grow like n^2) below its overflow (docs/migration.md: an overflowing
         # 16-bit total is inf in both, but ours still clips by the finite fp32 norm where torch zeroes)
         values = torch.randn(shape, generator=gen) * 0.1
         if layout == "sliced" and len(shape) >= 2:  # every other row of a bigger grad: not dense
@@ -110,7 +110,7 @@ def test_clip_grad_norm_matches_torch(device, gen, norm_type, kind, layout):
     assert_same_grads(ours_p, exact)
     if not (norm_type == -math.inf and tol_of(grads) > TOL[torch.float32]):
         # A 16-bit -inf norm is tiny, and torch's 16-bit coefficient max_norm / (norm + 1e-6) rounds
-        # in fp16 subnormals, off by percents (README): there ours is compared with the float64 truth only.
+        # in fp16 subnormals, off by percents (docs/migration.md): there ours is compared with the float64 truth only.
         assert_same_grads(ours_p, theirs_p, 2 * tol_of(grads))
 
 

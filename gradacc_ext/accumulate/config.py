@@ -92,8 +92,9 @@ class GradientAccumulationConfig:
     Steps
       skip_nonfinite: skip the optimizer (and scheduler) step when the
         accumulated gradient holds inf/NaN or its norm is not finite (an fp32 L2
-        norm overflows from 2**64; README). Always on for fp16. Costs one host
-        sync per window unless the optimizer is fused (then none).
+        norm overflows from 2**64; docs/optimizers.md, "A norm past the float
+        range"). Always on for fp16. Costs one host sync per window unless the
+        optimizer is fused (then none).
       fused_step: "auto" (default) ends each window with one fused optimizer pass
         when the optimizer allows it (gradacc_ext.optim.fused_step_for: gradacc's
         fused optimizers, or torch's AdamW / Adam / SGD with options the ops
@@ -103,7 +104,7 @@ class GradientAccumulationConfig:
     Stats
       grad_norm_history: how many per-step grad norms to keep on the device (0: none);
       track_memory: record CUDA peak memory per step (host counters, no sync).
-    Memory (see README's memory model)
+    Memory (see docs/memory.md)
       bucket_size_bytes: gradients are folded into the buffers during backward
         whenever this many bytes of them are queued. Default 1: every gradient
         is folded the moment autograd produces it, so nothing is held beside
@@ -116,13 +117,13 @@ class GradientAccumulationConfig:
         activations (re-created, without a zeroing pass, by the next window);
       grad_views: between micro-steps of a window, make param.grad a view of
         its buffer where the dtypes match, so autograd accumulates in place
-        (DDP's gradient_as_bucket_view); off by default, see benchmarks/NOTES.md;
+        (DDP's gradient_as_bucket_view); off by default, see docs/benchmarks/memory.md;
       gradient_accumulation_fusion: every trainable nn.Linear computes its
         weight gradient straight into its buffer view (Megatron-LM's name):
         no transient dW, no extra pass; not with grad_views or
         ddp_reduce='overlap' (docs/linear-fusion.md).
     backend: "auto" (compiled kernels when available), "ext" or "torch" (reference).
-    Data parallel (gradacc_ext.distributed; README "Distributed")
+    Data parallel (gradacc_ext.distributed; docs/distributed.md)
       sharding: "auto" (from the model's mesh), "fsdp" (1-D mesh) or "hsdp"
         (2-D replicate x shard mesh): the FSDP2 layout the model must have;
       fsdp_reduce: "micro_step" (default: reduce-scatter every micro-step,

@@ -18,7 +18,7 @@ adaptive accumulator's splits) detaches them first and runs on the hooks
 path. fp16 loss scaling is in the loss and constant within a window, so
 it is exact too.
 
-What .grad shows between micro-steps (documented in README): with views, the
+What .grad shows between micro-steps (docs/memory.md, "What a window holds"): with views, the
 window's running, un-normalised (and fp16: still loss-scaled) sum; without,
 None. Setting .grad to None between micro-steps (e.g. a leftover
 zero_grad()) detaches the view and loses nothing: the buffer keeps the sum,

@@ -9,7 +9,8 @@ Two ways through the same sequence:
     then ONE optimizer pass whose grad_mult = inv_scale x clip coefficient is a device scalar: no
     unscale pass, no clip pass, no param.grad, no host sync;
   separate passes (any other optimizer, clip_value, float64 buffers): unscale and norm in one pass,
-    clip in place, param.grad = the buffers, optimizer.step().
+    clip in place, then param.grad = the buffers and optimizer.step() (or, where the optimizer takes the
+    fused step, that step with no multiplier).
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ class WindowEnd:
 
         A norm past the float range from finite values (fp32 L2: >= 2**64) would clip by 0, as in torch:
         a step that applies none of the gradient but still moves the params by momentum and weight decay.
-        It is skipped instead, like an inf/NaN element (skip_nonfinite; README "The fused window tail").
+        It is skipped instead, like an inf/NaN element (skip_nonfinite; docs/optimizers.md, "A norm past the
+        float range").
         """
         self.found_inf.copy_(self.found_inf.logical_or(~self.norm.isfinite().reshape(self.found_inf.shape)))
 

@@ -1,5 +1,5 @@
 """The guides' accumulator methods: both accumulate_gradients argument orders, accumulation_context,
-update_config and the stats keys they read, over the core GradientAccumulator.
+update_config and the stats keys they read, over gradacc_ext.GradientAccumulator (entry_points.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The guides (seeds 000-004) name the same knobs differently and, for
 `effective_batch_size`, mean different things. Every alias, every
 guide-specific meaning and every field accepted without effect is decided
 here, by `resolve_guide_fields`; the core config never sees a guide name.
-README ("The guides' API") has the same mapping as a table.
+docs/migration.md ("The guides' API") has the same mapping as a table.
 """
 
 from __future__ import annotations

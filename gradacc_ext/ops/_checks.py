@@ -202,7 +202,7 @@ def check_max_norm(op: str, max_norm: float) -> None:
         raise ValueError(f"{op}: max_norm must be >= 0 (inf allowed), got {num(max_norm)}")
 
 
-# ---- One validator per op: used by the reference path (ops.py) and the fake
+# ---- One validator per op: used by the reference path (api.py) and the fake
 # kernels (_fake.py), so both enforce exactly what csrc/binding.cpp does. ----
 
 

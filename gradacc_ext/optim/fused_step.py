@@ -31,6 +31,12 @@ Grads = dict[torch.Tensor, torch.Tensor]
 
 
 class FusedStep(Protocol):
+    """What fused_step_for returns: step(grads, grad_mult, found_inf) steps every param group once.
+
+    grads maps each param to its gradient (params absent from it are not stepped); grad_mult (a device
+    scalar or None) multiplies every gradient as it is read; a nonzero found_inf writes nothing. No host sync.
+    """
+
     calls: int  # fused op calls made (observable: tests and stats)
 
     def __call__(self, grads: Grads, grad_mult: torch.Tensor | None, found_inf: torch.Tensor | None) -> None: ...

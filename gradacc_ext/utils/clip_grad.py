@@ -7,7 +7,7 @@ per device, in place. Any other grad (a sliced view, a device without kernels) g
 arithmetic, and the two parts combine as torch combines per-tensor norms. A call with nothing to fuse
 is torch's own function.
 
-Differences from torch, by design (README, "Drop-in clipping"): the norm is accumulated in fp32 over a
+Differences from torch, by design (docs/migration.md, "Drop-in clipping"): the norm is accumulated in fp32 over a
 whole device's list and rounded to the result dtype once, and the clip coefficient is computed in fp32
 from that fp32 norm; torch rounds both to fp16/bf16 for 16-bit grads. Both are more accurate. `foreach`
 selects torch's implementation for the grads torch handles; the fused path is the same for every value.
