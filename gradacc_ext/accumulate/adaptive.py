@@ -134,7 +134,8 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
                             f"AdaptiveGradientAccumulator: out of memory at micro-batch size {n} under "
                             f"{self._sync.name}, whose forward/backward run collectives, so this rank cannot split "
                             "alone; the other ranks raise PeerOutOfMemoryError naming this rank when their collective "
-                            "fails (within about 30 s while this process lives: distributed/peer_watch.py; at once when it exits). Lower "
+                            "fails (within about 30 s while this process lives: distributed/peer_watch.py; at once "
+                            "when it exits). Lower "
                             "micro_batch_size (or use DDP with ddp_reduce='buffer', where ranks split independently)"
                         ) from oom
                     if torch.cuda.is_available():
