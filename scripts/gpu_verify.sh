@@ -7,7 +7,7 @@
 # 2. build       the extension for this GPU's arch only (TORCH_CUDA_ARCH_LIST=<its capability>)
 # then, in parallel (16 cores, one GPU; none of them is timed):
 # 3. tests       the full test suite with the CUDA kernels required (GRADACC_REQUIRE_EXT=1)
-# 4. gpu_checks  tests/test_gpu_checks.py: a whole window in a CUDA graph, a window under
+# 4. gpu_checks  tests/gpu/test_gpu_checks.py: a whole window in a CUDA graph, a window under
 #                torch.cuda.set_sync_debug_mode("error") (plain and fused AdamW/SGD tails; the accumulator's
 #                fused window), one >2^31-element tensor through every op and both optimizer steps
 # 5. memcheck    compute-sanitizer memcheck on the op tests' CUDA cases (the optimizer steps' included)
@@ -24,7 +24,7 @@
 # "timeout". Logs go to DIR/<step>.log, the record to DIR/summary.{json,md}, with issue 10's
 # targets from the fused-step runs. Exit status 0 only if every step passed.
 #
-# --dry-run works on a machine without a GPU (CI runs it, tests/test_gpu_verify.py): it prints
+# --dry-run works on a machine without a GPU (CI runs it, tests/gpu/test_gpu_verify.py): it prints
 # the plan, checks that every file and tool the plan names is there, and runs the CPU-runnable
 # pieces (env, the smoke script on the CPU, tiny CPU runs of both benchmarks into DIR, the GPU
 # benchmark's arguments parsed). It never builds and never writes benchmarks/results/.
@@ -51,8 +51,8 @@ BUDGET_S="${GPU_VERIFY_BUDGET_S:-570}"
 START_S=$(date +%s)
 JOBS="$(nproc)"
 SANITIZER="${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}"
-OP_TESTS=(tests/test_ops_accumulate.py tests/test_ops_norm.py tests/test_ops_scale.py tests/test_ops_optim.py
-  tests/test_ops_optim_modes.py tests/test_ops_optim_errors.py)
+OP_TESTS=(tests/ops/test_ops_accumulate.py tests/ops/test_ops_norm.py tests/ops/test_ops_scale.py tests/ops/test_ops_optim.py
+  tests/ops/test_ops_optim_modes.py tests/ops/test_ops_optim_errors.py)
 # The CUDA cases that run gradacc's kernels: backend "ext", and in the optimizer files (whose kernel tests take
 # ext_device, no backend in their id) every CUDA case but the torch backend's. The errors table's CUDA cases
 # raise before any launch, but "nothing is written" is checked on the device.
@@ -116,9 +116,9 @@ fused_bench() {
 
 BUILD=(env "TORCH_CUDA_ARCH_LIST=$CAP" "MAX_JOBS=$JOBS" "$PY" setup.py build_ext --inplace)
 # test_gpu_checks.py is step 4; test_gpu_verify.py runs this script's --dry-run, not needed inside itself.
-TESTS=(env GRADACC_REQUIRE_EXT=1 "${PYTEST[@]}" tests --ignore=tests/test_gpu_checks.py --ignore=tests/test_gpu_verify.py
+TESTS=(env GRADACC_REQUIRE_EXT=1 "${PYTEST[@]}" tests --ignore=tests/gpu/test_gpu_checks.py --ignore=tests/gpu/test_gpu_verify.py
   "--junitxml=$OUT/tests.xml")
-CHECKS=(env GRADACC_REQUIRE_EXT=1 "${PYTEST[@]}" tests/test_gpu_checks.py)
+CHECKS=(env GRADACC_REQUIRE_EXT=1 "${PYTEST[@]}" tests/gpu/test_gpu_checks.py)
 MEMCHECK=("$SANITIZER" --tool memcheck --error-exitcode 9 --target-processes all "${PYTEST[@]}" "${OP_TESTS[@]}" -x
   -k "$MEMCHECK_K")
 RACECHECK=("$SANITIZER" --tool racecheck --racecheck-report all --error-exitcode 9 "$PY" scripts/gpu_smoke_ops.py --device cuda)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 IN, HIDDEN, OUT = 5, 7, 3
@@ -87,6 +88,14 @@ def launch(fn: Callable, world: int, *args, timeout: float = 120, agent_store: b
 def make_model(dtype: torch.dtype = torch.float64, seed: int = 11) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, OUT)).to(dtype)
+
+
+def fsdp_model(mesh, dtype=torch.float64, mp_policy: MixedPrecisionPolicy | None = None, make=make_model):
+    model = make(dtype)
+    kwargs = {"mesh": mesh, **({"mp_policy": mp_policy} if mp_policy else {})}
+    for module in (*(m for m in model if isinstance(m, torch.nn.Linear)), model):
+        fully_shard(module, **kwargs)
+    return model
 
 
 class Items(NamedTuple):

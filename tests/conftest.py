@@ -6,25 +6,13 @@ import zlib
 
 import pytest
 import torch
+from _devices import DEVICES, require_ext
 from _oracle import cpu_threads
-
-import gradacc_ext
-
-CUDA_SKIP = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
-DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=CUDA_SKIP)]
 
 
 @pytest.fixture(params=DEVICES)
 def device(request: pytest.FixtureRequest) -> str:
     return request.param
-
-
-def require_ext(device: str) -> None:
-    """Skips the calling test when no compiled kernels exist for `device` (e.g. a GRADACC_NO_EXT build)."""
-    try:
-        gradacc_ext.resolve_backend(device, "ext")
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
 
 
 @pytest.fixture(params=["ext", "torch"])

@@ -1,4 +1,4 @@
-"""Builds the host emulation of the CUDA kernels (tests/test_emulation.py).
+"""Builds the host emulation of the CUDA kernels (tests/emulation/test_emulation.py).
 
 csrc/kernels/ and csrc/cuda/ are copied with two mechanical rewrites that g++
 needs, and nothing else: the launch syntax ``k<<<grid, block, shmem, stream>>>(args)``

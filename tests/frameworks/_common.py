@@ -1,11 +1,11 @@
-"""What the framework tests share: tiny regression data, the fp32 tolerance of tests/test_optim.py,
+"""What the framework tests share: tiny regression data, the fp32 tolerance of tests/optim/test_optim.py,
 and a parameter comparison that names the parameter that differs."""
 
 from __future__ import annotations
 
 import torch
 
-TOL = {"rtol": 1e-5, "atol": 1e-6}  # tests/test_optim.py's FusedAdamW-vs-torch tolerance (fp32)
+TOL = {"rtol": 1e-5, "atol": 1e-6}  # tests/optim/test_optim.py's FusedAdamW-vs-torch tolerance (fp32)
 ACCUM = 4
 CLIP = 1.0
 
