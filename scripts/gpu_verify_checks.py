@@ -51,7 +51,8 @@ def preflight(work: Path, dry_run: bool) -> int:
     gpus = []
     for i in range(torch.cuda.device_count()):
         free, total = torch.cuda.mem_get_info(i)
-        gpus.append({"name": torch.cuda.get_device_name(i), "capability": "%d.%d" % torch.cuda.get_device_capability(i),
+        major, minor = torch.cuda.get_device_capability(i)
+        gpus.append({"name": torch.cuda.get_device_name(i), "capability": f"{major}.{minor}",
                      "free_gib": round(free / 2**30, 1), "total_gib": round(total / 2**30, 1)})  # fmt: skip
     nvcc, ninja, sanitizer = os.environ.get("NVCC"), shutil.which("ninja"), os.environ.get("SANITIZER")
     include = Path(sysconfig.get_paths()["include"])
@@ -121,7 +122,7 @@ def kernels(device: str) -> int:
         return 1
     cuobjdump = shutil.which("cuobjdump") or str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin/cuobjdump")
     if os.access(cuobjdump, os.X_OK):
-        arch = "sm_%d%d" % torch.cuda.get_device_capability(0)
+        arch = "sm_{}{}".format(*torch.cuda.get_device_capability(0))
         listing = _run(cuobjdump, "--list-elf", "--list-ptx", str(next((ROOT / "gradacc_ext").glob("_C*.so"))))
         print(listing)
         if arch not in listing and "compute_" not in listing:
