@@ -111,8 +111,10 @@ step() {
   left=$((BUDGET_S - RESERVE_S - KILL_AFTER_S - ($(date +%s) - START_S)))
   ((limit > left)) && limit=$left
   if ((limit < ${MIN_S:-10})); then
-    record "$name" "skipped (budget)" -1 0 0 "${left}s of the budget left"
-    echo "[$name] skipped: ${left}s of the budget left"
+    local why="${left}s of the budget left"
+    ((limit < left)) && why="its limit is ${limit}s (GPU_VERIFY_LIMITS)"
+    record "$name" "skipped (budget)" -1 0 0 "$why"
+    echo "[$name] skipped: $why"
     POST=()
     return 1
   fi
@@ -160,6 +162,8 @@ not_run() {  # not_run REASON NAME...: steps that cannot run after an earlier fa
 }
 
 junit() { echo "--junitxml=$WORK/junit/$1.xml"; }
+# Skip reasons that on the GPU machine mean the GPU or the CUDA kernels were not seen (tests/conftest.py's)
+NO_GPU_SKIPS="CUDA is not available|requested for cuda"
 # POST for a pytest step NAME: some KEYWORD test passed (none skipped with --no-skips)
 post_junit() { POST=("${CHECK[@]}" junit "$WORK/junit/$1.xml" --keyword "$2" "${@:3}"); }
 
@@ -218,10 +222,10 @@ elif ! { step build 170 "${BUILD[@]}" && step kernels 20 "${CHECK[@]}" kernels -
 else
   export GRADACC_REQUIRE_EXT=1
   step smoke 40 "${SELFTEST[@]}"
-  post_junit cuda_tests cuda
+  post_junit cuda_tests cuda --bad-skips "$NO_GPU_SKIPS"
   step cuda_tests 130 "${PYTEST[@]}" "${XDIST[@]}" "${PER_TEST[@]/%/=60}" "$SUITE" --ignore="$GPU_CHECKS" -k cuda \
     "$(junit cuda_tests)"
-  post_junit gpu_checks ""
+  post_junit gpu_checks "" --bad-skips "$NO_GPU_SKIPS"
   step gpu_checks 60 "${PYTEST[@]}" "${PER_TEST[@]/%/=60}" "$GPU_CHECKS" -k "not $LARGE_K" "$(junit gpu_checks)"
   post_junit gpu_large "" --no-skips
   step gpu_large 60 "${PYTEST[@]}" "${PER_TEST[@]/%/=120}" "$GPU_CHECKS" -k "$LARGE_K" "$(junit gpu_large)"

@@ -2,12 +2,13 @@
 
     python scripts/gpu_verify_checks.py preflight WORK [--dry-run]   # WORK/preflight.json; 1 if a tool is missing
     python scripts/gpu_verify_checks.py kernels --device cuda|cpu     # the build holds kernels for this device
-    python scripts/gpu_verify_checks.py junit FILE --keyword K [--no-skips]
+    python scripts/gpu_verify_checks.py junit FILE --keyword K [--no-skips] [--bad-skips REGEX]
     python scripts/gpu_verify_checks.py sanitizer LOG RC              # a probe's outcome: supported, unsupported
 
 junit: a pytest step passes only if some test whose id holds K ran and passed (all of them skipped
 is a failure: a CPU-only build, no GPU seen); with --no-skips any skip of such a test fails it
-(the >2^31-element checks skip when the GPU lacks the memory).
+(the >2^31-element checks skip when the GPU lacks the memory); with --bad-skips a skip whose reason
+matches REGEX fails it (on the GPU machine no test may skip for want of CUDA or of the CUDA kernels).
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def kernels(device: str) -> int:
     return 0
 
 
-def junit(file: Path, keyword: str, no_skips: bool) -> int:
+def junit(file: Path, keyword: str, no_skips: bool, bad_skips: str | None = None) -> int:
     """Whether the pytest step whose junit is `file` tested something: see the module's docstring."""
     if not file.exists():
         print(f"junit: {file.name} was not written")
@@ -146,9 +147,10 @@ def junit(file: Path, keyword: str, no_skips: bool) -> int:
     if passed == 0:
         print(f"junit: no '{keyword}' test ran (all skipped or none collected): nothing was tested")
         return 1
-    if no_skips and skipped:
-        reasons = sorted({(c.find("skipped").get("message") or "")[:200] for c in skipped})
-        print(f"junit: {len(skipped)} skipped, which counts as failed here: {'; '.join(reasons)}")
+    reasons = [(c.find("skipped").get("message") or "")[:200] for c in skipped]
+    bad = [r for r in reasons if no_skips or (bad_skips and re.search(bad_skips, r))]
+    if bad:
+        print(f"junit: {len(bad)} skipped, which counts as failed here: {'; '.join(sorted(set(bad)))}")
         return 1
     return 0
 
@@ -179,6 +181,7 @@ def main(argv: list[str]) -> int:
     jun.add_argument("file", type=Path)
     jun.add_argument("--keyword", required=True)
     jun.add_argument("--no-skips", action="store_true")
+    jun.add_argument("--bad-skips", help="a regex: a skip whose reason matches it fails the step")
     san = sub.add_parser("sanitizer")
     san.add_argument("log", type=Path)
     san.add_argument("rc", type=int)
@@ -188,7 +191,7 @@ def main(argv: list[str]) -> int:
     if a.check == "kernels":
         return kernels(a.device)
     if a.check == "junit":
-        return junit(a.file, a.keyword, a.no_skips)
+        return junit(a.file, a.keyword, a.no_skips, a.bad_skips)
     return sanitizer(a.log, a.rc)
 
 

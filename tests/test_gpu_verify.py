@@ -141,6 +141,8 @@ def junit_file(path: Path, cases: dict[str, str]) -> Path:
         ({"test_a[cpu]": "passed"}, [], 1, "nothing was tested"),
         ({"test_a[cuda]": "passed", "test_b[cuda]": "failure"}, [], 1, "1 failed"),
         ({"test_a[cuda]": "passed", "test_b[cuda]": "skipped"}, ["--no-skips"], 1, "counts as failed"),
+        ({"test_a[cuda]": "passed", "test_b[cuda]": "skipped"}, ["--bad-skips", "here$"], 1, "skipped here"),
+        ({"test_a[cuda]": "passed", "test_b[cuda]": "skipped"}, ["--bad-skips", "CUDA is not"], 0, "1 skipped"),
     ],
 )
 def test_junit_check_fails_a_step_that_tested_nothing(tmp_path, cases, flags, code, says):
