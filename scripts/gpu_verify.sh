@@ -244,3 +244,10 @@ else
 fi
 echo "gpu_verify: steps done in $(($(date +%s) - START_S)) s; the summary follows"
 "$PY" scripts/gpu_verify_report.py "$WORK" "$OUT_DIR" $([[ $DRY -eq 1 ]] && echo --dry-run)
+rc=$?
+if ((rc > 1)); then  # the report itself failed: still bring back every log, and the steps last
+  tar -czf "$OUT_DIR/gpu_verify_logs.tar.gz" -C "$WORK" .
+  echo "gpu_verify_report.py failed (rc $rc); the steps (name, status, rc, seconds, limit, note):"
+  cat "$WORK/steps.tsv"
+fi
+exit "$rc"
