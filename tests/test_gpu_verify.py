@@ -17,6 +17,8 @@ import pytest
 import torch
 from _cuda_ids import RUN_BY_PATH
 
+import gradacc_ext
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_verify.sh"
 STEPS = ["preflight", "build", "kernels", "smoke", "cuda_tests", "gpu_checks", "gpu_large", "sanitizer_probe",
@@ -37,8 +39,9 @@ def run_script(*args: str, timeout: float, **env: str) -> subprocess.CompletedPr
 
 
 def helper(name: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # as gpu_verify.sh runs them: the in-place build first
     return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *map(str, args)], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+                          text=True, timeout=120, env=env)  # fmt: skip
 
 
 def assert_output_contract(out: Path, stdout: str) -> None:
@@ -122,6 +125,15 @@ def test_the_test_paths_the_script_names_exist():
     suite = re.search(r"^SUITE=(\S+)", text, re.M)[1]
     assert all((ROOT / p).exists() for p in [gpu_checks, suite, *rehearsal])
     assert Path(gpu_checks).name in RUN_BY_PATH  # conftest's "cuda in the id" rule exempts what runs by path
+
+
+@pytest.mark.skipif(
+    not gradacc_ext.extension_loaded() or gradacc_ext.extension_has_cuda(), reason="needs a CPU-only build"
+)
+def test_kernel_check_stops_a_cpu_only_build():
+    proc = helper("gpu_verify_checks.py", "kernels", "--device", "cuda")
+    assert proc.returncode == 1 and "the build holds no CUDA kernels" in proc.stdout, proc.stdout + proc.stderr
+    assert helper("gpu_verify_checks.py", "kernels", "--device", "cpu").returncode == 0
 
 
 def junit_file(path: Path, cases: dict[str, str]) -> Path:
