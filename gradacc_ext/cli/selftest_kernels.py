@@ -119,11 +119,14 @@ OPTIM_CASES = {
     "fp16": (F16, F16, "nearest"),
     "fp64": (F64, F64, "nearest"),
 }
+# the steps' other switches, on fp32: AdamW's amsgrad, SGD's nesterov, both maximizing
+ADAMW_CASES = {**OPTIM_CASES, "fp32-amsgrad-maximize": (F32, F32, "nearest")}
+SGD_CASES = {**OPTIM_CASES, "fp32-nesterov-maximize": (F32, F32, "nearest")}
 
 
 def _optim_inputs(x: Inputs, case: str) -> tuple[list[torch.Tensor], ...]:
     """(params, grads, first moments, second moments, fp32 master params or [], step counts, scalars)."""
-    param_dtype, grad_dtype, mode = OPTIM_CASES[case]
+    param_dtype, grad_dtype, mode = {**ADAMW_CASES, **SGD_CASES}[case]
     state = F64 if param_dtype == F64 else F32
     params, grads = x.tensors(param_dtype), x.tensors(grad_dtype)
     masters = [p.to(F32) for p in params] if mode == "master" else []
@@ -134,16 +137,18 @@ def _optim_inputs(x: Inputs, case: str) -> tuple[list[torch.Tensor], ...]:
 
 def _adamw(x: Inputs, case: str, backend: str) -> list[torch.Tensor]:
     params, grads, m, v, masters, steps, (lr, mult, found) = _optim_inputs(x, case)
-    ops.adamw_step_(params, grads, m, v, steps, lr=lr, weight_decay=0.1, master_params=masters, grad_mult=mult,
-                    found_inf=found, mode=OPTIM_CASES[case][2], seed=7, backend=backend)  # fmt: skip
-    return [*params, *m, *v, *masters, *steps]
+    max_v = x.tensors(v[0].dtype, positive=True) if "amsgrad" in case else []  # above v here, below there
+    ops.adamw_step_(params, grads, m, v, steps, lr=lr, weight_decay=0.1, max_exp_avg_sqs=max_v, master_params=masters,
+                    grad_mult=mult, found_inf=found, maximize="maximize" in case, mode=ADAMW_CASES[case][2], seed=7,
+                    backend=backend)  # fmt: skip
+    return [*params, *m, *v, *max_v, *masters, *steps]
 
 
 def _sgd(x: Inputs, case: str, backend: str) -> list[torch.Tensor]:
     params, grads, momentum, _, masters, steps, (lr, mult, found) = _optim_inputs(x, case)
-    ops.sgd_step_(params, grads, lr=lr, momentum=0.9, weight_decay=0.01, momentum_buffers=momentum, steps=steps,
-                  master_params=masters, grad_mult=mult, found_inf=found, mode=OPTIM_CASES[case][2], seed=7,
-                  backend=backend)  # fmt: skip
+    ops.sgd_step_(params, grads, lr=lr, momentum=0.9, weight_decay=0.01, nesterov="nesterov" in case,
+                  momentum_buffers=momentum, steps=steps, master_params=masters, grad_mult=mult, found_inf=found,
+                  maximize="maximize" in case, mode=SGD_CASES[case][2], seed=7, backend=backend)  # fmt: skip
     return [*params, *momentum, *masters, *steps]
 
 
@@ -154,6 +159,6 @@ KERNELS: list[Kernel] = [
     Kernel("unscale_", SINGLE, _unscale),
     Kernel("clip_by_norm_", SINGLE_F64, _clip_by_norm),
     Kernel("clip_by_value_", SINGLE_F64, _clip_by_value),
-    Kernel("adamw_step_", OPTIM_CASES, _adamw, max_bits_differ=1e-3),
-    Kernel("sgd_step_", OPTIM_CASES, _sgd, max_bits_differ=1e-3),
+    Kernel("adamw_step_", ADAMW_CASES, _adamw, max_bits_differ=1e-3),
+    Kernel("sgd_step_", SGD_CASES, _sgd, max_bits_differ=1e-3),
 ]
