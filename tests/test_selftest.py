@@ -81,3 +81,10 @@ def test_selftest_without_compiled_kernels_fails(capsys, monkeypatch):
 def test_selftest_rejects_an_unknown_layout(capsys):
     code, out = run_selftest(capsys, "--layouts", "odd,diagonal")
     assert code == 2 and "unknown layout(s) diagonal" in out, out
+
+
+def test_selftest_covers_every_compiled_op():
+    """A new op (the next optimizer step) fails this until it has its entry in selftest_kernels.KERNELS."""
+    names = torch._C._dispatch_get_all_op_names()
+    registered = {n.removeprefix("gradacc::") for n in names if n.startswith("gradacc::")}
+    assert registered == {k.name for k in KERNELS}
