@@ -2,6 +2,7 @@
 
 Environment switches (see docs/install.md, "Environment variables"):
   GRADACC_NO_EXT=1       pure-Python install; every op runs the PyTorch reference.
+  GRADACC_NO_CUDA=1      C++ CPU kernels only, even against a CUDA torch with nvcc found.
   GRADACC_FORCE_CUDA=1   build the CUDA kernels even if torch looks CPU-only
                          (needs nvcc and a CUDA torch to link against).
   TORCH_CUDA_ARCH_LIST   GPU architectures; default by CUDA version (DEFAULT_ARCH_LISTS).
@@ -107,7 +108,10 @@ def _extensions():
     import torch
     from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
-    use_cuda = _flag("GRADACC_FORCE_CUDA") or (torch.version.cuda is not None and CUDA_HOME is not None)
+    if _flag("GRADACC_NO_CUDA") and _flag("GRADACC_FORCE_CUDA"):
+        raise SystemExit("setup.py: GRADACC_NO_CUDA=1 and GRADACC_FORCE_CUDA=1 contradict each other; set one")
+    detected = torch.version.cuda is not None and CUDA_HOME is not None
+    use_cuda = not _flag("GRADACC_NO_CUDA") and (_flag("GRADACC_FORCE_CUDA") or detected)
     arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST") or default_arch_list(torch.version.cuda)
     torch_version = torch.__version__.split("+")[0]
     cuda_version = torch.version.cuda if use_cuda else None

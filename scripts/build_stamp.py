@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("csrc", "setup.py", "pyproject.toml")
-SWITCHES = ("GRADACC_NO_EXT", "GRADACC_FORCE_CUDA", "TORCH_CUDA_ARCH_LIST", "CUDA_HOME")
+SWITCHES = ("GRADACC_NO_EXT", "GRADACC_NO_CUDA", "GRADACC_FORCE_CUDA", "TORCH_CUDA_ARCH_LIST", "CUDA_HOME")
 
 
 def fingerprint(root: Path = ROOT) -> str:

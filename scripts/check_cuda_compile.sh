@@ -20,7 +20,7 @@ if [[ -z "${NVCC:-}" ]]; then
 fi
 [[ -x "$NVCC" ]] || { echo "error: nvcc not found (set NVCC=/path/to/nvcc)" >&2; exit 1; }
 # The toolkit's headers, as nvcc itself finds them (nvcc may be a wrapper script).
-CUDA_INCLUDE="$("$NVCC" --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=\(.*\)$/\1/p' | head -n1)/include"
+CUDA_INCLUDE="$(bash "$ROOT/scripts/cuda_home.sh" "$NVCC")/include"
 [[ -f "$CUDA_INCLUDE/cuda_runtime_api.h" ]] || { echo "error: no CUDA headers in $CUDA_INCLUDE" >&2; exit 1; }
 CXX="${CXX:-g++}"
 

@@ -1,110 +1,136 @@
-"""The records of scripts/gpu_verify.sh: the environment (device, driver, torch, commit, date) and
-the summary of its steps.
+"""The record of a scripts/gpu_verify.sh run: what it puts into --out and prints last.
 
-    python scripts/gpu_verify_report.py env OUT        # writes OUT/env.json
-    python scripts/gpu_verify_report.py summary OUT    # OUT/steps.tsv + env.json -> summary.{json,md}
+    python scripts/gpu_verify_report.py WORK OUT
 
-The summary also lists issue 10's GPU targets from every OUT/*fused_step*.json that
-benchmarks/fused_step.py --json wrote (met / not met; they do not decide the exit status).
+WORK holds the run: steps.tsv (name, status, rc, seconds, limit, note), preflight.json, logs/,
+junit/ and results/. Into OUT go exactly three files, whatever happened, each far below 16 MiB:
+summary.md, summary.json and gpu_verify_logs.tar.gz (all of WORK; a log over LOG_CAP keeps its head
+and tail). Printed to stdout: the tail of every step that did not pass, then the summary table, last,
+so that it stays inside the last 12,000 characters a caller may keep. The summary also lists issue
+10's GPU targets from every fused-step record in WORK/results (met / not met; not the exit status).
+Exit status: 0 when every step passed, else 1.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import platform
-import subprocess
 import sys
-from datetime import datetime, timezone
+import tarfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ARCHIVE = "gpu_verify_logs.tar.gz"
+ARCHIVE_MAX = 12 * 2**20  # the three files together stay under 16 MiB with room to spare
+LOG_CAPS = (4 * 2**20, 2**20, 128 * 2**10)  # per-file cap of the archive, tighter until it fits
+TAIL_CHARS = 1500
+PASSING = {"ok", "simulated"}  # "simulated": a dry run's stand-in for what needs a GPU
+NEUTRAL = {"unsupported"}  # a sanitizer refused by this device or driver: recorded apart from findings
 
 
-def _run(*cmd: str) -> str:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=ROOT).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
+def read_steps(work: Path) -> list[dict[str, object]]:
+    steps = []
+    for line in (work / "steps.tsv").read_text().splitlines():
+        name, status, rc, seconds, limit, note = line.split("\t")
+        steps.append({"step": name, "status": status, "rc": int(rc), "seconds": float(seconds),
+                      "limit_s": int(limit), "note": note, "log": f"logs/{name}.log"})  # fmt: skip
+    return steps
 
 
-def environment() -> dict[str, object]:
-    import torch
-
-    gpus = []
-    for i in range(torch.cuda.device_count()):
-        major, minor = torch.cuda.get_device_capability(i)
-        gpus.append({"name": torch.cuda.get_device_name(i), "capability": f"{major}.{minor}"})
-    smi = _run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
-    commit = _run("git", "rev-parse", "HEAD")
-    dirty = bool(_run("git", "status", "--porcelain", "--untracked-files=no"))
-    return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit + ("-dirty" if dirty else "") if commit else "unknown",
-        "host": platform.node(),
-        "cpu_count": __import__("os").cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "driver": smi.splitlines()[0] if smi else None,
-        "nvcc": next((ln for ln in _run("nvcc", "--version").splitlines() if "release" in ln), None),
-        "gpus": gpus,
-    }
-
-
-def fused_step_targets(out: Path) -> list[dict[str, object]]:
-    """Issue 10's targets of each fused-step benchmark record in OUT (none on a CPU run)."""
+def fused_step_targets(work: Path) -> list[dict[str, object]]:
+    """Issue 10's targets of each fused-step benchmark record (none on a CPU run)."""
     rows = []
-    for f in sorted(out.glob("*fused_step*.json")):
+    for f in sorted((work / "results").glob("*fused_step*.json")):
         record = json.loads(f.read_text())
         rows += [{"file": f.name, "title": record["title"], **t} for t in record["targets"]]
     return rows
 
 
-def summary(out: Path) -> dict[str, object]:
-    env_file = out / "env.json"
-    env = json.loads(env_file.read_text()) if env_file.exists() else {}  # the env step failed: say unknown
-    for key in ("date", "commit", "host", "cpu_count", "torch", "torch_cuda", "driver"):
-        env.setdefault(key, None)
-    env.setdefault("gpus", [])
-    steps = []
-    for line in (out / "steps.tsv").read_text().splitlines():
-        name, status, rc, seconds, limit, log = line.split("\t")
-        steps.append({"step": name, "status": status, "rc": int(rc), "seconds": float(seconds),
-                      "limit_s": int(limit), "log": log})  # fmt: skip
-    ok = all(s["status"] in ("ok", "dry-run") for s in steps)
-    targets = fused_step_targets(out)
-    result = {"ok": ok, "environment": env, "steps": steps, "fused_step_targets": targets}
-    (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
-    gpu = ", ".join(f"{g['name']} (compute {g['capability']})" for g in env["gpus"]) or "no GPU"
+def _capped(data: bytes, cap: int) -> bytes:
+    if len(data) <= cap:
+        return data
+    head, tail = cap // 4, cap - cap // 4
+    marker = f"\n[... {len(data) - cap} bytes cut by gpu_verify_report.py ...]\n".encode()
+    return data[:head] + marker + data[-tail:]
+
+
+def write_archive(work: Path, out: Path) -> Path:
+    """All of WORK in one .tar.gz under ARCHIVE_MAX, each file capped (head and tail kept) if need be."""
+    target = out / ARCHIVE
+    for cap in LOG_CAPS:
+        with tarfile.open(target, "w:gz") as tar:
+            for f in sorted(p for p in work.rglob("*") if p.is_file()):
+                data = _capped(f.read_bytes(), cap)
+                info = tarfile.TarInfo(f"gpu_verify/{f.relative_to(work).as_posix()}")
+                info.size, info.mtime = len(data), int(f.stat().st_mtime)
+                tar.addfile(info, io.BytesIO(data))
+        if target.stat().st_size <= ARCHIVE_MAX:
+            break
+    return target
+
+
+def tails(work: Path, steps: list[dict[str, object]]) -> str:
+    """The last TAIL_CHARS characters of the log of every step that did not pass."""
+    parts = []
+    for s in steps:
+        log = work / str(s["log"])
+        if s["status"] not in PASSING | NEUTRAL and log.exists():
+            text = log.read_text(errors="replace")[-TAIL_CHARS:]
+            parts.append(f"----- {s['step']}: {s['status']} (rc {s['rc']}), last {len(text)} characters of its log\n"
+                         f"{text.rstrip()}\n")  # fmt: skip
+    return "\n".join(parts)
+
+
+def markdown(result: dict) -> str:
+    env, steps, targets = result["environment"], result["steps"], result["fused_step_targets"]
+    gpu = "; ".join(f"{g['name']} (compute {g['capability']}, {g['free_gib']} of {g['total_gib']} GiB free)"
+                    for g in env.get("gpus", [])) or "no GPU"  # fmt: skip
     lines = [
-        f"# gpu_verify: {'PASSED' if ok else 'FAILED'}",
+        f"# gpu_verify{' --dry-run' if result['dry_run'] else ''}: {'PASSED' if result['ok'] else 'FAILED'}",
         "",
-        f"Device: {gpu}; driver {env['driver'] or '-'}; torch {env['torch']} (CUDA {env['torch_cuda'] or '-'}); "
-        f"commit {env['commit']}; date {env['date']}; host {env['host']} ({env['cpu_count']} CPUs).",
+        f"Device: {gpu}; driver {env.get('driver') or '-'}; torch {env.get('torch')} (CUDA "
+        f"{env.get('torch_cuda') or '-'}); nvcc {env.get('nvcc') or '-'}; sanitizer "
+        f"{env.get('compute_sanitizer') or '-'}; commit {env.get('commit')}; date {env.get('date')}; host "
+        f"{env.get('host')} ({env.get('cpu_count')} CPUs). Logs, junit and results: {ARCHIVE}.",
         "",
-        "| step | status | seconds | limit s | log |",
+        "| step | status | seconds | limit s | note |",
         "|---|---|---:|---:|---|",
     ]
-    lines += [f"| {s['step']} | {s['status']} | {s['seconds']:.1f} | {s['limit_s']} | {s['log']} |" for s in steps]
+    lines += [f"| {s['step']} | {s['status']} | {s['seconds']:.1f} | {s['limit_s']} | {s['note']} |" for s in steps]
     if targets:
         lines += ["", "Issue 10 GPU targets (benchmarks/fused_step.py):", "",
                   "| workload | target | measured | required | status |", "|---|---|---:|---:|---|"]  # fmt: skip
         lines += [f"| {t['title'].split(':')[0]} | {t['target']} | {t['measured_text']} | {t['required_text']} | "
                   f"{t['status']} |" for t in targets]  # fmt: skip
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def report(work: Path, out: Path, dry_run: bool) -> dict[str, object]:
+    """Writes OUT's three files and returns the summary."""
+    pre = work / "preflight.json"
+    env = json.loads(pre.read_text()) if pre.exists() else {}  # the preflight failed: say unknown
+    steps = read_steps(work)
+    ok = bool(steps) and all(s["status"] in PASSING | NEUTRAL for s in steps)
+    result = {"ok": ok, "dry_run": dry_run, "environment": env, "steps": steps,
+              "fused_step_targets": fused_step_targets(work), "archive": ARCHIVE}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "summary.md").write_text(markdown(result))
+    write_archive(work, out)
     return result
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("env", "summary"):
+    args = [a for a in argv if a != "--dry-run"]
+    if len(args) != 2:
         print(__doc__, file=sys.stderr)
         return 2
-    out = Path(argv[1])
-    out.mkdir(parents=True, exist_ok=True)
-    if argv[0] == "env":
-        (out / "env.json").write_text(json.dumps(environment(), indent=2) + "\n")
-        return 0
-    return 0 if summary(out)["ok"] else 1
+    work, out = Path(args[0]), Path(args[1])
+    result = report(work, out, "--dry-run" in argv)
+    text = tails(work, result["steps"])
+    size = (out / ARCHIVE).stat().st_size / 2**20
+    print(f"{text}\n===== {out}: summary.md, summary.json, {ARCHIVE} ({size:.2f} MiB)\n")
+    print((out / "summary.md").read_text(), end="")
+    return 0 if result["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -6,8 +6,20 @@ import zlib
 
 import pytest
 import torch
+from _cuda_ids import cuda_tests_without_cuda_id
 from _devices import DEVICES, require_ext
 from _oracle import cpu_threads
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Fails the collection on a test that needs CUDA but has no "cuda" in its id (tests/_cuda_ids.py)."""
+    missing = cuda_tests_without_cuda_id(items)
+    if missing:
+        listed = "\n  ".join(missing[:20])
+        raise pytest.UsageError(
+            f"{len(missing)} test(s) need CUDA but have no 'cuda' in their id, so `-k cuda` (scripts/gpu_verify.sh) "
+            f"would never run them; put 'cuda' in the test's name or parameter id:\n  {listed}"
+        )
 
 
 @pytest.fixture(params=DEVICES)

@@ -1,6 +1,6 @@
-"""The `gradacc` command (also `python -m gradacc_ext`): info, plan, bench, demo.
+"""The `gradacc` command (also `python -m gradacc_ext`): info, selftest, plan, bench, demo.
 
-Each subcommand's flags and handler live in their own module (plan_cmd, bench_cmd,
+Each subcommand's flags and handler live in their own module (selftest, plan_cmd, bench_cmd,
 demo_cmd); argument types shared by them in args. Errors found after parsing go
 through the subcommand's own parser, so they end as a usage line and exit code 2,
 never as a traceback.
@@ -18,6 +18,7 @@ from .. import __version__
 from .bench_cmd import add_bench_arguments, cmd_bench
 from .demo_cmd import add_demo_arguments, cmd_demo
 from .plan_cmd import add_plan_arguments, cmd_plan
+from .selftest import add_selftest_arguments, cmd_selftest
 
 SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a tool whose reader went away
 
@@ -35,12 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gradacc", description="gradacc_ext: fused gradient accumulation for PyTorch."
     )
     parser.add_argument("--version", action="version", version=f"gradacc_ext {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{info,plan,bench,demo}", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="{info,selftest,plan,bench,demo}", required=True)
     defaults = {"formatter_class": argparse.ArgumentDefaultsHelpFormatter}
 
     info = sub.add_parser("info", **defaults, help="versions, compiled GPU archs and the backend each op uses")
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
     info.set_defaults(handler=cmd_info, parser=info)
+
+    selftest = sub.add_parser(
+        "selftest", **defaults, help="check every compiled kernel against the pure-PyTorch reference (seconds)"
+    )
+    add_selftest_arguments(selftest)
+    selftest.set_defaults(handler=cmd_selftest, parser=selftest)
 
     plan = sub.add_parser(
         "plan", **defaults, help="accumulation steps, effective batch and scaled LR for a target batch"

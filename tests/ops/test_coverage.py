@@ -102,7 +102,7 @@ def test_info_reports_each_gpu_with_its_path(mock_gpu, monkeypatch):
 
 
 @CUDA_SKIP
-def test_fallback_matches_the_fused_kernels_on_a_gpu(monkeypatch, gen):
+def test_fallback_matches_the_fused_kernels_on_cuda(monkeypatch, gen):
     """On a real GPU: force the fallback, run the final micro-step both ways, both within the oracle's
     bounds of the same inputs, and flags equal."""
     require_ext("cuda")
