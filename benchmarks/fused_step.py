@@ -178,7 +178,6 @@ def main() -> None:
             for name, fn in fns.items():
                 times[name] += _times(fn, 1, device, warm_up=False)
             roofline.sample()  # after every round, as the harness does after every cell: the load changes
-        roofline.free()
         peaks = {name: peak_step_bytes(fn, device) for name, fn in fns.items()}
     rows = [(name, 1e3 * statistics.median(t)) for name, t in times.items()]
     eager = dict(rows)["torch eager (foreach)"]
