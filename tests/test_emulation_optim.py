@@ -23,7 +23,7 @@ from _optim_inputs import ADAM_CONFIGS, SGD_CONFIGS, StepInputs, make_inputs
 from _oracle import ODD_SIZES, assert_bitwise_equal, assert_close, name, small_sizes, snapshot
 
 from gradacc_ext.ops import reference_optim
-from gradacc_ext.ops._checks_optim import MODES
+from gradacc_ext.ops.optim_args import MODES, AdamWStep, OptimStep, SGDStep
 
 pytestmark = MARKS
 
@@ -57,26 +57,29 @@ def f64_copy(x: StepInputs) -> StepInputs:
     return StepInputs(*([t.to(F64, copy=True) for t in group] for group in (*x.lists(), x.steps)))
 
 
-def step_args(op: str, x: StepInputs, opts: dict, lr: float, tensors: tuple, mode: str, seed: int) -> tuple:
-    """The op's positional arguments (the ops' schema, shared by the emulation, the CPU kernels and
-    the reference); tensors: (lr_tensor, grad_mult, found_inf), each None or a 0-d fp32 tensor."""
+def step_args(op: str, x: StepInputs, opts: dict, lr: float, tensors: tuple, mode: str, seed: int) -> OptimStep:
+    """The op's argument record (shared by the emulation, the CPU kernels and the reference);
+    tensors: (lr_tensor, grad_mult, found_inf), each None or a 0-d fp32 tensor."""
     common = (x.master_params, x.steps, lr, *tensors)
     wd, maximize = opts.get("weight_decay", 0.0), opts.get("maximize", False)
     if op == "adamw_step_":
         b1, b2 = opts.get("betas", (0.9, 0.999))
-        return (x.params, x.grads, x.exp_avgs, x.exp_avg_sqs, x.max_exp_avg_sqs, *common, b1, b2,
-                opts.get("eps", 1e-8), wd, maximize, MODES[mode], seed)  # fmt: skip
+        return AdamWStep.from_args(x.params, x.grads, x.exp_avgs, x.exp_avg_sqs, x.max_exp_avg_sqs, *common, b1,
+                                   b2, opts.get("eps", 1e-8), wd, maximize, MODES[mode], seed)  # fmt: skip
     momentum = opts.get("momentum", 0.0)
-    return (x.params, x.grads, x.exp_avgs if momentum else [], *common, momentum, opts.get("dampening", 0.0), wd,
-            opts.get("nesterov", False), maximize, MODES[mode], seed)  # fmt: skip
+    return SGDStep.from_args(x.params, x.grads, x.exp_avgs if momentum else [], *common, momentum,
+                             opts.get("dampening", 0.0), wd, opts.get("nesterov", False), maximize, MODES[mode],
+                             seed)  # fmt: skip
 
 
-def run_step(target, op: str, args: tuple) -> None:
+def run_step(target, a: OptimStep) -> None:
     """target: the Emulator, "cpu" (the C++ CPU kernels through the op) or "ref" (the reference)."""
     if isinstance(target, Emulator):
-        getattr(target, op)(*args)
+        target.step(a)
+    elif target == "cpu":
+        getattr(torch.ops.gradacc, a.NAME)(*a.args())
     else:
-        getattr(torch.ops.gradacc if target == "cpu" else reference_optim, op)(*args)
+        getattr(reference_optim, a.NAME)(a)
 
 
 def magnitudes(op: str, x0: StepInputs, ref: StepInputs, i: int, opts: dict, lr: float, mult: float) -> dict:
@@ -134,13 +137,13 @@ def run_and_check(emu: Emulator, op: str, x: StepInputs, opts: dict, lr: float, 
     """Runs the step on the emulation, the CPU kernels and the float64 reference from the same inputs."""
     x0, cpu = f64_copy(x), x.clone()
     ref = f64_copy(x)
-    run_step(emu, op, step_args(op, x, opts, lr, tensors, mode, seed))
-    run_step("ref", op, step_args(op, ref, opts, lr, tensors, mode, seed))
+    run_step(emu, step_args(op, x, opts, lr, tensors, mode, seed))
+    run_step("ref", step_args(op, ref, opts, lr, tensors, mode, seed))
     lr_eff = lr * (float(tensors[0]) if tensors[0] is not None else 1.0)
     mult = float(tensors[1]) if tensors[1] is not None else 1.0
     check_oracle(op, x, x0, ref, opts, lr_eff, mult, mode)
     if HAS_CPU_KERNELS:  # (b)
-        run_step("cpu", op, step_args(op, cpu, opts, lr, tensors, mode, seed))
+        run_step("cpu", step_args(op, cpu, opts, lr, tensors, mode, seed))
         assert_matches_cpu_kernels(x.all_tensors(), cpu.all_tensors(), f"{op} vs CPU kernels")
 
 
@@ -177,7 +180,7 @@ def test_found_inf_skips_everything(emulators, gen, op, mode):
                     amsgrad=True, masters=mode == "master")  # fmt: skip
     opts = {"amsgrad": True} if op == "adamw_step_" else {"momentum": 0.9}
     before = snapshot(x.all_tensors())
-    run_step(emulators["param32k"], op, step_args(op, x, opts, 0.1, (None, None, torch.ones(())), mode, 3))
+    run_step(emulators["param32k"], step_args(op, x, opts, 0.1, (None, None, torch.ones(())), mode, 3))
     for i, (b, t) in enumerate(zip(before, x.all_tensors(), strict=True)):
         assert torch.equal(b, snapshot([t])[0]), f"tensor {i} was written"
 

@@ -3,13 +3,17 @@ AdamW(fused=True) / SGD, the found_inf skip, and opcheck."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 import torch
 from _optim_inputs import ADAM_CONFIGS, SGD_CONFIGS, StepInputs, make_inputs, torch_optimizer
 from _oracle import ODD_SIZES, assert_bits_unchanged, assert_close, small_sizes, snapshot
+from conftest import require_ext
 
 import gradacc_ext
 from gradacc_ext.ops import adamw_step_, sgd_step_
+from gradacc_ext.ops.optim_args import RECORDS
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 F64, F32 = torch.float64, torch.float32
@@ -198,6 +202,16 @@ def test_op_is_registered_for_every_backend(ext_device, name):
     for key in ("CPU", "Meta", "SparseCPU"):  # Meta: the fake; Sparse: the checks reject sparse grads by name
         assert torch._C._dispatch_has_kernel_for_dispatch_key(op, key), key
     assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA") == gradacc_ext.extension_has_cuda()
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: r.NAME)
+def test_argument_record_is_the_schema(record):
+    """The Python record of an op (gradacc_ext.ops.optim_args) lists the compiled schema's arguments
+    in its order: record.args() is the op's positional call."""
+    require_ext("cpu")
+    schema = getattr(torch.ops.gradacc, record.NAME).default._schema
+    assert list(record.schema_order()) == [a.name for a in schema.arguments]
+    assert set(record.schema_order()) == {f.name for f in fields(record)}
 
 
 def test_ops_are_exported():

@@ -18,21 +18,36 @@ from collections.abc import Iterable
 
 import torch
 
-from . import _checks_optim, reference_optim
+from . import reference_optim
 from ._checks import list_device
+from ._checks_optim import check_step
 from .api import Backend, _as_list, _nothing, _run, _split_scale
+from .optim_args import MODES, AdamWStep, OptimStep, SGDStep
 
 Mode = str  # "nearest" | "master" | "stochastic"
 
 
 def _mode(op: str, mode: Mode) -> int:
-    if mode not in _checks_optim.MODES:
-        raise ValueError(f"{op}: mode must be one of {tuple(_checks_optim.MODES)}, got {mode!r}")
-    return _checks_optim.MODES[mode]
+    if mode not in MODES:
+        raise ValueError(f"{op}: mode must be one of {tuple(MODES)}, got {mode!r}")
+    return MODES[mode]
 
 
-def _lists(op: str, **named: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
-    return [_as_list(op, tensors, arg) for arg, tensors in named.items()]
+def _lists(op: str, **named: Iterable[torch.Tensor]) -> dict[str, list[torch.Tensor]]:
+    return {arg: _as_list(op, tensors, arg) for arg, tensors in named.items()}
+
+
+def _common(op: str, lr: float | torch.Tensor, maximize: bool, mode: Mode, seed: int) -> dict:
+    """The record fields every step takes from the same keywords."""
+    lr_value, lr_tensor = _split_scale(lr)
+    return {"lr": lr_value, "lr_tensor": lr_tensor, "maximize": bool(maximize), "param_mode": _mode(op, mode),
+            "seed": int(seed)}  # fmt: skip
+
+
+def _step(a: OptimStep, backend: Backend) -> None:
+    device = list_device(a.params, a.found_inf)
+    empty = None if a.params else _nothing
+    _run(a.NAME, device, backend, lambda: check_step(a), a.args(), empty, reference_optim, (a,))
 
 
 def adamw_step_(
@@ -63,7 +78,7 @@ def adamw_step_(
     "stochastic" rounding, reproducible from `seed` and the step count.
     """
     op = "gradacc.adamw_step_"
-    params, grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps = _lists(
+    lists = _lists(
         op,
         params=params,
         grads=grads,
@@ -73,18 +88,12 @@ def adamw_step_(
         master_params=master_params,
         steps=steps,
     )
-    lr_value, lr_tensor = _split_scale(lr)
     beta1, beta2 = (float(b) for b in betas)
-    args = (
-        params, grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps, lr_value, lr_tensor, grad_mult, found_inf,
-        beta1, beta2, float(eps), float(weight_decay), bool(maximize), _mode(op, mode), int(seed),
+    record = AdamWStep(
+        **lists, grad_mult=grad_mult, found_inf=found_inf, beta1=beta1, beta2=beta2, eps=float(eps),
+        weight_decay=float(weight_decay), **_common(op, lr, maximize, mode, seed),
     )  # fmt: skip
-
-    def validate() -> None:
-        _checks_optim.check_adamw_step(op, *args[:15], args[16])
-
-    device = list_device(params, found_inf)
-    _run("adamw_step_", device, backend, validate, args, None if params else _nothing, reference_optim)
+    _step(record, backend)
 
 
 def sgd_step_(
@@ -110,18 +119,12 @@ def sgd_step_(
     required: a param whose step count is 0 starts its buffer from the gradient, as torch does.
     Modes as in adamw_step_ (stochastic rounding needs `steps` too)."""
     op = "gradacc.sgd_step_"
-    params, grads, buffers, masters, steps = _lists(
+    lists = _lists(
         op,
         params=params, grads=grads, momentum_buffers=momentum_buffers, master_params=master_params, steps=steps
     )
-    lr_value, lr_tensor = _split_scale(lr)
-    args = (
-        params, grads, buffers, masters, steps, lr_value, lr_tensor, grad_mult, found_inf, float(momentum),
-        float(dampening), float(weight_decay), bool(nesterov), bool(maximize), _mode(op, mode), int(seed),
+    record = SGDStep(
+        **lists, grad_mult=grad_mult, found_inf=found_inf, momentum=float(momentum), dampening=float(dampening),
+        weight_decay=float(weight_decay), nesterov=bool(nesterov), **_common(op, lr, maximize, mode, seed),
     )  # fmt: skip
-
-    def validate() -> None:
-        _checks_optim.check_sgd_step(op, *args[:13], args[14])
-
-    device = list_device(params, found_inf)
-    _run("sgd_step_", device, backend, validate, args, None if params else _nothing, reference_optim)
+    _step(record, backend)

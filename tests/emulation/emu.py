@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from gradacc_ext.ops.optim_args import OptimStep
+
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}  # gradacc::DType
 SCALE_MODES = {"unscale": 0, "clip_norm": 1, "clip_value": 2}  # gradacc::ScaleMode
 _FLOAT_P = ctypes.POINTER(ctypes.c_float)
@@ -106,6 +108,10 @@ class Emulator:
             self.lib.emu_scale, _spans(tensors), len(tensors), SCALE_MODES[mode], _ptr(inv_scale), _ptr(found_inf),
             _any_ptr(total_norm), norm_dtype, max_norm, eps, clip_value,
         )  # fmt: skip
+
+    def step(self, a: OptimStep) -> None:
+        """One optimizer step from its argument record (gradacc_ext.ops.optim_args)."""
+        getattr(self, a.NAME)(*a.args())
 
     def adamw_step_(self, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps, lr, lr_tensor,
                     grad_mult, found_inf, beta1, beta2, eps, weight_decay, maximize, mode, seed) -> None:  # fmt: skip
