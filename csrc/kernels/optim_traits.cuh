@@ -39,6 +39,13 @@ struct OptimScalars {
   double option[kMaxOptions] = {};  // the optimizer's kOptions, in order
 };
 
+// torch.optim's rule for betas (AdamW, Lion).
+template <class Rules>
+void check_betas(double beta1, double beta2, Rules& r) {
+  r.invalid(beta1 >= 0.0 && beta1 < 1.0, "beta parameter at index 0", beta1);
+  r.invalid(beta2 >= 0.0 && beta2 < 1.0, "beta parameter at index 1", beta2);
+}
+
 // ---- AdamW ---------------------------------------------------------------
 
 struct AdamW {
@@ -57,8 +64,7 @@ struct AdamW {
   template <class Rules>
   static void check_options(const double* o, Rules& r) {
     r.invalid(std::isfinite(o[kEps]) && o[kEps] >= 0.0, "epsilon value", o[kEps]);
-    r.invalid(o[kBeta1] >= 0.0 && o[kBeta1] < 1.0, "beta parameter at index 0", o[kBeta1]);
-    r.invalid(o[kBeta2] >= 0.0 && o[kBeta2] < 1.0, "beta parameter at index 1", o[kBeta2]);
+    check_betas(o[kBeta1], o[kBeta2], r);
   }
   static bool steps_required(const double*, int) { return true; }
   template <class Rules>
@@ -174,13 +180,69 @@ struct Sgd {
   }
 };
 
+// ---- Lion ----------------------------------------------------------------
+
+// Lion (Chen et al. 2023) as lion-pytorch updates: decay, the sign of the
+// interpolated momentum, then the momentum.
+struct Lion {
+  static constexpr const char* kName = "lion_step_";
+  static constexpr const char* kSignature =
+      "(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(e!)[] master_params, "
+      "Tensor(f!)[] steps, float lr, Tensor? lr_tensor, Tensor? grad_mult, Tensor? found_inf, float beta1, "
+      "float beta2, float weight_decay, bool maximize, int param_mode, int seed) -> ()";
+  static constexpr int kSlots = 1;
+  static constexpr const char* kState[kSlots] = {"exp_avgs"};
+  static constexpr bool kStateOptional[kSlots] = {false};
+  static constexpr const char* kOptions[] = {"beta1", "beta2", "weight_decay"};
+  enum : int { kBeta1, kBeta2, kWeightDecay };
+
+  template <class Rules>
+  static void check_options(const double* o, Rules& r) {
+    check_betas(o[kBeta1], o[kBeta2], r);
+  }
+  static bool steps_required(const double*, int mode) { return mode == 2; }  // stochastic rounding's stream
+  template <class Rules>
+  static void check_state(const double*, const bool*, size_t, Rules&) {}
+
+  static constexpr int kFlagBits = 0;
+  static int flags(const double*, const bool*) { return 0; }
+  GRADACC_HD static constexpr bool uses(int, int) { return true; }
+
+  template <typename C>
+  struct Consts {
+    C decay;  // 1 - lr * weight_decay
+    C lr;
+    C beta1, one_minus_beta1, beta2, one_minus_beta2;
+    C grad_mult;  // negated for maximize
+  };
+  template <typename C>
+  GRADACC_HD static Consts<C> consts(const OptimScalars& s, double lr, double, double grad_mult) {
+    const double* o = s.option;
+    return Consts<C>{C(1.0 - lr * o[kWeightDecay]), C(lr),
+                     C(o[kBeta1]),                  C(1.0 - o[kBeta1]),
+                     C(o[kBeta2]),                  C(1.0 - o[kBeta2]),
+                     C(s.maximize ? -grad_mult : grad_mult)};
+  }
+
+  // s: exp_avg. torch.sign: +-1, zero stays zero, NaN stays NaN.
+  template <int kFlags, typename C, typename S>
+  GRADACC_STEP_HD static C update(C p, C g, S&& s, const Consts<C>& k) {
+    g = mul_rn(g, k.grad_mult);
+    p = mul_rn(p, k.decay);
+    const C c = add_rn(mul_rn(s[0], k.beta1), mul_rn(g, k.one_minus_beta1));
+    const C direction = c > C(0) ? C(1) : (c < C(0) ? C(-1) : c);
+    s[0] = add_rn(mul_rn(s[0], k.beta2), mul_rn(g, k.one_minus_beta2));
+    return add_rn(p, -mul_rn(k.lr, direction));
+  }
+};
+
 // ---- the list ------------------------------------------------------------
 
 template <typename... T>
 struct OptimList {
   static constexpr int kCount = int(sizeof...(T));
 };
-using Optimizers = OptimList<AdamW, Sgd>;
+using Optimizers = OptimList<AdamW, Sgd, Lion>;
 
 // An optimizer's index in Optimizers (OptimParams::kind).
 template <typename T, typename... Ts>

@@ -1,7 +1,7 @@
 """The fused optimizer steps as Python functions: backend choice as in api.py.
 
-Each is torch.optim.AdamW's (or SGD's) update over whole lists in one pass over memory, with
-three things folded in that torch spends extra passes on:
+Each is torch.optim.AdamW's (SGD's, or lion-pytorch's Lion's) update over whole lists in one
+pass over memory, with three things folded in that torch spends extra passes on:
 
 * ``grad_mult``: one device scalar multiplying every grad (loss-scale inverse x clip
   coefficient x normaliser), so unscaling and clipping need no pass of their own;
@@ -22,7 +22,7 @@ from . import reference_optim
 from ._checks import list_device
 from ._checks_optim import check_step
 from .api import Backend, _as_list, _nothing, _run, _split_scale
-from .optim_args import MODES, AdamWStep, OptimStep, SGDStep
+from .optim_args import MODES, AdamWStep, LionStep, OptimStep, SGDStep
 
 Mode = str  # "nearest" | "master" | "stochastic"
 
@@ -126,5 +126,37 @@ def sgd_step_(
     record = SGDStep(
         **lists, grad_mult=grad_mult, found_inf=found_inf, momentum=float(momentum), dampening=float(dampening),
         weight_decay=float(weight_decay), nesterov=bool(nesterov), **_common(op, lr, maximize, mode, seed),
+    )  # fmt: skip
+    _step(record, backend)
+
+
+def lion_step_(
+    params: Iterable[torch.Tensor],
+    grads: Iterable[torch.Tensor],
+    exp_avgs: Iterable[torch.Tensor],
+    *,
+    lr: float | torch.Tensor,
+    betas: tuple[float, float] = (0.9, 0.99),
+    weight_decay: float = 0.0,
+    steps: Iterable[torch.Tensor] = (),
+    master_params: Iterable[torch.Tensor] = (),
+    grad_mult: torch.Tensor | None = None,
+    found_inf: torch.Tensor | None = None,
+    maximize: bool = False,
+    mode: Mode = "nearest",
+    seed: int = 0,
+    backend: Backend = "auto",
+) -> None:
+    """One Lion step (lion-pytorch's update): ``p <- p * (1 - lr * wd) - lr * sign(b1 * m + (1 - b1) * g)``,
+    then ``m <- b2 * m + (1 - b2) * g``. `steps` (counted as in adamw_step_) are needed only for
+    stochastic rounding; modes as in adamw_step_."""
+    op = "gradacc.lion_step_"
+    lists = _lists(
+        op, params=params, grads=grads, exp_avgs=exp_avgs, master_params=master_params, steps=steps
+    )
+    beta1, beta2 = (float(b) for b in betas)
+    record = LionStep(
+        **lists, grad_mult=grad_mult, found_inf=found_inf, beta1=beta1, beta2=beta2,
+        weight_decay=float(weight_decay), **_common(op, lr, maximize, mode, seed),
     )  # fmt: skip
     _step(record, backend)

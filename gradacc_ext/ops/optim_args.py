@@ -146,4 +146,23 @@ class SGDStep(OptimStep):
             raise ValueError(f"{self.op}: momentum_buffers must be given when momentum != 0")
 
 
-RECORDS: tuple[type[OptimStep], ...] = (AdamWStep, SGDStep)
+@dataclass(kw_only=True)
+class LionStep(OptimStep):
+    """gradacc::lion_step_: Lion (Chen et al. 2023, lion-pytorch's update); steps only for stochastic rounding."""
+
+    NAME = "lion_step_"
+    STATE = (("exp_avgs", False),)
+    OPTIONS = ("beta1", "beta2", "weight_decay")
+
+    exp_avgs: Tensors
+    beta1: float
+    beta2: float
+
+    def check_options(self) -> None:
+        check_betas(self.op, self.beta1, self.beta2)
+
+    def steps_required(self) -> bool:
+        return self.param_mode == MODES["stochastic"]  # its stream of random bits is per step
+
+
+RECORDS: tuple[type[OptimStep], ...] = (AdamWStep, SGDStep, LionStep)

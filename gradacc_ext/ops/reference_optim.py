@@ -1,4 +1,4 @@
-"""Pure-PyTorch reference of the fused optimizer steps (gradacc::adamw_step_, sgd_step_).
+"""Pure-PyTorch reference of the fused optimizer steps (gradacc::adamw_step_, sgd_step_, lion_step_).
 
 Each takes the op's argument record (optim_args.py), with the ops' in-place semantics and their
 arithmetic: torch.optim.AdamW / SGD operation by operation, each rounded on its own, in float32
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ._checks_optim import LOW, state_dtype
-from .optim_args import MODES, AdamWStep, OptimStep, SGDStep
+from .optim_args import MODES, AdamWStep, LionStep, OptimStep, SGDStep
 
 F64 = torch.float64
 _CHUNK = 65536  # csrc/kernels/chunking.h: random positions are counted in chunks
@@ -174,4 +174,21 @@ def sgd_step_(a: SGDStep) -> None:
             run.write(old, buf)
             g = g + momentum * buf if a.nesterov else buf
         run.store(i, param, p + (-run.lr).to(dtype) * g)
+    run.finish()
+
+
+def lion_step_(a: LionStep) -> None:
+    """lion-pytorch's update: decay, the sign of the interpolated momentum, then the momentum."""
+    if not a.params:
+        return
+    run = _Step(a)
+    for i, param in enumerate(a.params):
+        dtype = state_dtype(param.dtype)
+        decay = (1.0 - run.lr * a.weight_decay).to(dtype)
+        g = a.grads[i].to(dtype) * run.mult.to(dtype)
+        p = run.load(i, param) * decay
+        m = a.exp_avgs[i]
+        direction = (m * a.beta1 + g * (1.0 - a.beta1)).sign()
+        run.write(m, m * a.beta2 + g * (1.0 - a.beta2))
+        run.store(i, param, p - run.lr.to(dtype) * direction)
     run.finish()

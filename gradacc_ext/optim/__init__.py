@@ -1,12 +1,13 @@
-"""Fused optimizers: torch.optim.AdamW and SGD, one pass over params, grads and state.
+"""Fused optimizers: torch.optim.AdamW and SGD, and Lion, one pass over params, grads and state.
 
 Drop-in for torch's (constructor, param groups, state_dict, LR schedulers, GradScaler), and
 they step 16-bit params from float32 grads (accumulation buffers) with optional float32
-master weights or stochastic rounding. See gradacc_ext.ops.adamw_step_ / sgd_step_.
+master weights or stochastic rounding. See gradacc_ext.ops.adamw_step_ / sgd_step_ / lion_step_.
 """
 
 from ._fused import DEFAULT_PARAM_MODE, PARAM_MODES
 from .adamw import FusedAdamW
+from .lion import FusedLion
 from .sgd import FusedSGD
 
-__all__ = ["DEFAULT_PARAM_MODE", "PARAM_MODES", "FusedAdamW", "FusedSGD"]
+__all__ = ["DEFAULT_PARAM_MODE", "PARAM_MODES", "FusedAdamW", "FusedLion", "FusedSGD"]
