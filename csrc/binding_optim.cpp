@@ -174,7 +174,7 @@ void register_cpu_optim(torch::Library& m) { impl_optim_ops(m, &run_cpu); }
 void define_optim_ops(torch::Library& m) {
   for_each_optimizer([&](auto traits) {
     using T = decltype(traits);
-    m.def((std::string(T::kName) + T::kSignature).c_str());
+    m.def(optim_schema<T>().c_str());
   });
 }
 

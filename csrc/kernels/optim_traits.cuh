@@ -7,10 +7,12 @@
 // update(). Torch-free; the element math runs on host and device.
 //
 // A traits struct T has:
-//   kName, kSignature      the op's schema: kName + kSignature
+//   kName                  the op's name; its schema follows from the names
+//                          below (optim_schema; optim_args.py's schema_order)
 //   kSlots, kState[], kStateOptional[]   state lists, in slot order
-//   kOptions[], kWeightDecay             scalar options (schema order; bools
-//                                        read as 0/1) and weight_decay's index
+//   kOptions[], kWeightDecay, kBoolOptions   scalar options (schema order;
+//                                        float, or bool where their bit is
+//                                        set, read as 0/1), weight_decay's index
 //   check_options(o, rules), steps_required(o, mode), check_state(o, has, n, rules)
 //                                        the option rules (binding and Python alike)
 //   kFlagBits, flags(o, has)             compile-time variants of one step
@@ -23,6 +25,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "optim_math.cuh"
@@ -50,16 +53,12 @@ void check_betas(double beta1, double beta2, Rules& r) {
 
 struct AdamW {
   static constexpr const char* kName = "adamw_step_";
-  static constexpr const char* kSignature =
-      "(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
-      "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] master_params, Tensor(f!)[] steps, float lr, Tensor? lr_tensor, "
-      "Tensor? grad_mult, Tensor? found_inf, float beta1, float beta2, float eps, float weight_decay, "
-      "bool maximize, int param_mode, int seed) -> ()";
   static constexpr int kSlots = 3;
   static constexpr const char* kState[kSlots] = {"exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"};
   static constexpr bool kStateOptional[kSlots] = {false, false, true};  // amsgrad
   static constexpr const char* kOptions[] = {"beta1", "beta2", "eps", "weight_decay"};
   enum : int { kBeta1, kBeta2, kEps, kWeightDecay };
+  static constexpr int kBoolOptions = 0;
 
   template <class Rules>
   static void check_options(const double* o, Rules& r) {
@@ -119,15 +118,12 @@ struct AdamW {
 
 struct Sgd {
   static constexpr const char* kName = "sgd_step_";
-  static constexpr const char* kSignature =
-      "(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(e!)[] master_params, "
-      "Tensor(f!)[] steps, float lr, Tensor? lr_tensor, Tensor? grad_mult, Tensor? found_inf, float momentum, "
-      "float dampening, float weight_decay, bool nesterov, bool maximize, int param_mode, int seed) -> ()";
   static constexpr int kSlots = 1;
   static constexpr const char* kState[kSlots] = {"momentum_buffers"};
   static constexpr bool kStateOptional[kSlots] = {true};  // momentum only
   static constexpr const char* kOptions[] = {"momentum", "dampening", "weight_decay", "nesterov"};
   enum : int { kMomentum, kDampening, kWeightDecay, kNesterov };
+  static constexpr int kBoolOptions = 1 << kNesterov;
 
   template <class Rules>
   static void check_options(const double* o, Rules& r) {
@@ -186,15 +182,12 @@ struct Sgd {
 // interpolated momentum, then the momentum.
 struct Lion {
   static constexpr const char* kName = "lion_step_";
-  static constexpr const char* kSignature =
-      "(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(e!)[] master_params, "
-      "Tensor(f!)[] steps, float lr, Tensor? lr_tensor, Tensor? grad_mult, Tensor? found_inf, float beta1, "
-      "float beta2, float weight_decay, bool maximize, int param_mode, int seed) -> ()";
   static constexpr int kSlots = 1;
   static constexpr const char* kState[kSlots] = {"exp_avgs"};
   static constexpr bool kStateOptional[kSlots] = {false};
   static constexpr const char* kOptions[] = {"beta1", "beta2", "weight_decay"};
   enum : int { kBeta1, kBeta2, kWeightDecay };
+  static constexpr int kBoolOptions = 0;
 
   template <class Rules>
   static void check_options(const double* o, Rules& r) {
@@ -273,6 +266,25 @@ void for_each_optim_in(F&& f, OptimList<Ts...>) {
 template <typename F>
 void for_each_optimizer(F&& f) {
   for_each_optim_in(f, Optimizers{});
+}
+
+// The schema of optimizer T's op: params, grads, the state lists, master
+// weights, step counts, lr and the optional scalars, the options, then
+// maximize, param_mode and seed. Every list but grads is written in place.
+template <typename T>
+std::string optim_schema() {
+  std::string s = std::string(T::kName) + "(Tensor(a!)[] params, Tensor[] grads, ";
+  static_assert(T::kSlots <= 3, "the state lists are aliases b, c and d");
+  for (int i = 0; i < T::kSlots; ++i) {
+    s += "Tensor(" + std::string(1, char('b' + i)) + "!)[] " + T::kState[i] + ", ";
+  }
+  s += "Tensor(e!)[] master_params, Tensor(f!)[] steps, float lr, Tensor? lr_tensor, Tensor? grad_mult, "
+       "Tensor? found_inf, ";
+  const int num_options = int(sizeof(T::kOptions) / sizeof(T::kOptions[0]));
+  for (int i = 0; i < num_options; ++i) {
+    s += std::string((T::kBoolOptions >> i) & 1 ? "bool " : "float ") + T::kOptions[i] + ", ";
+  }
+  return s + "bool maximize, int param_mode, int seed) -> ()";
 }
 
 // The index of the optimizer named `name`, or -1.

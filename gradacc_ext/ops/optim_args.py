@@ -1,13 +1,13 @@
 """The argument records of the fused optimizer steps: each op described once in Python.
 
 One dataclass per op: the fields every step takes (OptimStep) and the op's own, its state lists
-(``STATE``: name, optional) and its scalar options (``OPTIONS``), from which its schema order follows
-(csrc/kernels/optim_traits.cuh holds the schemas; tests/test_ops_optim.py holds them equal), so
-``record.args()`` is the positional call of torch.ops.gradacc.<op> and ``Record.from_args(*args)``
-reads one back. The checks (_checks_optim.check_step), the reference (reference_optim), the fake
-kernels (_fake_optim), the Python API (optim_api) and the host emulation all take the record. A
-record also holds its op's option rules, with torch.optim's wording and the number as C++ prints
-it, rule for rule those of the C++ traits.
+(``STATE``: name, optional) and its scalar options (``OPTIONS``), from which its schema order follows,
+as csrc/kernels/optim_traits.cuh generates the schema from the same names (tests/test_ops_optim.py
+holds them equal), so ``record.args()`` is the positional call of torch.ops.gradacc.<op> and
+``Record.from_args(*args)`` reads one back. The checks (_checks_optim.check_step), the reference
+(reference_optim), the fake kernels (_fake_optim), the Python API (optim_api) and the host
+emulation all take the record. A record also holds its op's option rules, with torch.optim's
+wording and the number as C++ prints it, rule for rule those of the C++ traits.
 """
 
 from __future__ import annotations
