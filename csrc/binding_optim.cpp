@@ -1,13 +1,18 @@
-// Checks of the fused optimizer steps and their CPU registration.
-// gradacc_ext/ops/_checks_optim.py mirrors these rule for rule; the per-tensor
-// checks are binding.h's (Use::kStep), shared with the other ops.
+// Checks of the fused optimizer steps and their CPU registration: one boxed
+// kernel per optimizer of kernels/optim_traits.cuh, which reads the op's
+// arguments by the names in its schema, so no op's signature is restated here.
+// gradacc_ext/ops/_checks_optim.py mirrors these rules in their order; the
+// per-tensor checks are binding.h's (Use::kStep), shared with the other ops.
 #include "binding_optim.h"
 
 #include <ATen/ATen.h>
-#include <torch/library.h>
+#include <ATen/core/stack.h>
 
 #include <cmath>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "binding.h"
 #include "cpu/optim_cpu.h"
@@ -39,144 +44,156 @@ bool is_state_dtype(DType param, DType state) {
   return state == (param == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32);
 }
 
-void check_option(bool ok, const char* op, const char* what, double value) {
-  TORCH_CHECK_VALUE(ok, op, ": Invalid ", what, ": ", value);
+// The traits' option rules, thrown with the op's name (torch.optim's wording).
+struct Rules {
+  const char* op;
+  void invalid(bool ok, const char* what, double value) const {
+    TORCH_CHECK_VALUE(ok, op, ": Invalid ", what, ": ", value);
+  }
+  void require(bool ok, const char* message) const { TORCH_CHECK_VALUE(ok, op, ": ", message); }
+};
+
+int index_of(const char* const* names, int count, const std::string& name) {
+  for (int i = 0; i < count; ++i) {
+    if (name == names[i]) return i;
+  }
+  return -1;
 }
 
-// Everything both steps share: params, grads, masters, steps, the scalars.
-OptimParams common_params(const char* op, at::TensorList params, at::TensorList grads, at::TensorList master_params,
-                          at::TensorList steps, bool steps_required, const StepScalars& s, double weight_decay,
-                          bool maximize, int64_t mode, int64_t seed) {
-  check_option(std::isfinite(s.lr) && s.lr >= 0.0, op, "learning rate", s.lr);
-  check_option(std::isfinite(weight_decay) && weight_decay >= 0.0, op, "weight_decay value", weight_decay);
-  TORCH_CHECK_VALUE(mode >= 0 && mode <= 2, op, ": mode must be 0 (nearest), 1 (master) or 2 (stochastic), got ",
-                    mode);
+// The arguments of one call of optimizer T, read from the stack by name.
+template <typename T>
+struct StepArgs {
+  std::vector<at::Tensor> params, grads, masters, steps, state[T::kSlots];
+  std::optional<at::Tensor> lr_tensor, grad_mult, found_inf;
+  OptimScalars scalars;
+  int64_t mode = 0, seed = 0;
+
+  StepArgs(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
+    const auto& args = schema.arguments();
+    const size_t first = stack.size() - args.size();
+    constexpr int kNumOptions = int(sizeof(T::kOptions) / sizeof(T::kOptions[0]));
+    for (size_t i = 0; i < args.size(); ++i) {
+      const std::string& name = args[i].name();
+      const c10::IValue& v = stack[first + i];
+      const int slot = index_of(T::kState, T::kSlots, name), option = index_of(T::kOptions, kNumOptions, name);
+      if (slot >= 0) state[slot] = v.toTensorVector();
+      else if (option >= 0) scalars.option[option] = v.isBool() ? double(v.toBool()) : v.toDouble();
+      else if (name == "params") params = v.toTensorVector();
+      else if (name == "grads") grads = v.toTensorVector();
+      else if (name == "master_params") masters = v.toTensorVector();
+      else if (name == "steps") steps = v.toTensorVector();
+      else if (name == "lr") scalars.lr = v.toDouble();
+      else if (name == "lr_tensor") lr_tensor = v.toOptional<at::Tensor>();
+      else if (name == "grad_mult") grad_mult = v.toOptional<at::Tensor>();
+      else if (name == "found_inf") found_inf = v.toOptional<at::Tensor>();
+      else if (name == "maximize") scalars.maximize = v.toBool();
+      else if (name == "param_mode") mode = v.toInt();
+      else if (name == "seed") seed = v.toInt();
+      else TORCH_INTERNAL_ASSERT(false, T::kName, ": argument ", name, " is not in its optimizer traits");
+    }
+  }
+};
+
+// Every check of one step of T, in the order of _checks_optim.check_step; the
+// pointers of the returned params stay valid while `a` lives.
+template <typename T>
+OptimParams checked_params(const char* op, const StepArgs<T>& a) {
+  const Rules rules{op};
+  const double* o = a.scalars.option;
+  T::check_options(o, rules);
+  rules.invalid(std::isfinite(a.scalars.lr) && a.scalars.lr >= 0.0, "learning rate", a.scalars.lr);
+  const double wd = o[T::kWeightDecay];
+  rules.invalid(std::isfinite(wd) && wd >= 0.0, "weight_decay value", wd);
+  TORCH_CHECK_VALUE(a.mode >= 0 && a.mode <= 2, op, ": mode must be 0 (nearest), 1 (master) or 2 (stochastic), got ",
+                    a.mode);
   OptimParams p;
-  const at::Device device = list_device(params, s.found_inf ? &*s.found_inf : nullptr);
+  p.kind = kKindOf<T>;
+  const at::TensorList params = a.params;
+  const at::Device device = list_device(params, a.found_inf ? &*a.found_inf : nullptr);
   p.params = check_list(op, "params", params, device, Use::kStep);
-  p.grads = check_companions(op, "grads", grads, params, p.params, false, "the param's dtype or float32",
+  p.grads = check_companions(op, "grads", a.grads, params, p.params, false, "the param's dtype or float32",
                              [](DType param, DType grad) { return grad == param || grad == DType::kFloat32; });
-  p.mode = ParamMode(mode);
-  p.masters = check_companions(op, "master_params", master_params, params, p.params, true,
+  p.mode = ParamMode(a.mode);
+  p.masters = check_companions(op, "master_params", a.masters, params, p.params, true,
                                "float32 (master weights of a float16 or bfloat16 param)", [](DType param, DType m) {
                                  return m == DType::kFloat32 && (param == DType::kFloat16 || param == DType::kBFloat16);
                                });
   TORCH_CHECK_VALUE((p.mode == ParamMode::kMaster) == !p.masters.empty() || params.empty(), op,
-                    ": master_params must be given exactly when mode is 1 (master), got ", master_params.size(),
-                    " tensors with mode ", mode);
-
-  TORCH_CHECK_VALUE(steps.size() == 1 || steps.size() == params.size() || (!steps_required && steps.empty()), op,
+                    ": master_params must be given exactly when mode is 1 (master), got ", a.masters.size(),
+                    " tensors with mode ", a.mode);
+  const bool steps_required = T::steps_required(o, int(a.mode));
+  const size_t num_steps = a.steps.size();
+  TORCH_CHECK_VALUE(num_steps == 1 || num_steps == params.size() || (!steps_required && a.steps.empty()), op,
                     ": steps must hold one tensor per param (", params.size(), ") or one shared by all",
-                    steps_required ? "" : " (or none)", ", got ", steps.size());
-  for (size_t i = 0; i < steps.size(); ++i) {
-    check_scalar(op, ("steps[" + std::to_string(i) + "]").c_str(), steps[i], device);
-    p.steps.push_back(steps[i].data_ptr<float>());
+                    steps_required ? "" : " (or none)", ", got ", num_steps);
+  for (size_t i = 0; i < num_steps; ++i) {
+    check_scalar(op, ("steps[" + std::to_string(i) + "]").c_str(), a.steps[i], device);
+    p.steps.push_back(a.steps[i].template data_ptr<float>());
   }
-  if (s.lr_tensor) {
-    check_scalar(op, "lr_tensor", *s.lr_tensor, device);
-    p.lr_ptr = s.lr_tensor->data_ptr<float>();
+  const std::pair<const char*, const std::optional<at::Tensor>*> scalars[] = {
+      {"lr_tensor", &a.lr_tensor}, {"grad_mult", &a.grad_mult}, {"found_inf", &a.found_inf}};
+  const float** pointers[] = {&p.lr_ptr, &p.grad_mult_ptr, &p.found_inf};
+  for (int i = 0; i < 3; ++i) {
+    if (!scalars[i].second->has_value()) continue;
+    check_scalar(op, scalars[i].first, **scalars[i].second, device);
+    *pointers[i] = (*scalars[i].second)->template data_ptr<float>();
   }
-  if (s.grad_mult) {
-    check_scalar(op, "grad_mult", *s.grad_mult, device);
-    p.grad_mult_ptr = s.grad_mult->data_ptr<float>();
+  bool has[kMaxStateSlots] = {};
+  for (int s = 0; s < T::kSlots; ++s) {
+    p.state[s] = check_companions(op, T::kState[s], a.state[s], params, p.params, T::kStateOptional[s],
+                                  "float32 (float64 for a float64 param)", is_state_dtype);
+    has[s] = !p.state[s].empty();
   }
-  if (s.found_inf) {
-    check_scalar(op, "found_inf", *s.found_inf, device);
-    p.found_inf = s.found_inf->data_ptr<float>();
-  }
-  p.scalars.lr = s.lr;
-  p.scalars.weight_decay = weight_decay;
-  p.scalars.maximize = maximize;
-  p.seed = seed;
+  T::check_state(o, has, params.size(), rules);
+  p.scalars = a.scalars;
+  p.seed = a.seed;
   return p;
 }
+
+// The kernel of optimizer T on one dispatch key: read, check, run, pop.
+template <typename T>
+struct StepKernel final : c10::OperatorKernel {
+  explicit StepKernel(OptimRunner run) : run(run) {}
+  void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const c10::FunctionSchema& schema = handle.schema();
+    const std::string op = "gradacc." + std::string(T::kName);
+    const StepArgs<T> args(schema, *stack);
+    const OptimParams p = checked_params<T>(op.c_str(), args);
+    if (!args.params.empty()) run(p, args.params[0].device());
+    torch::jit::drop(*stack, schema.arguments().size());
+  }
+  OptimRunner run;
+};
+
+void run_cpu(const OptimParams& p, c10::Device) { cpu::optim_step(p); }
+
+void register_cpu_optim(torch::Library& m) { impl_optim_ops(m, &run_cpu); }
 
 }  // namespace
 
-OptimParams adamw_params(const char* op, at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                         at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList master_params,
-                         at::TensorList steps, const StepScalars& scalars, double beta1, double beta2, double eps,
-                         double weight_decay, bool maximize, int64_t mode, int64_t seed) {
-  check_option(std::isfinite(eps) && eps >= 0.0, op, "epsilon value", eps);
-  TORCH_CHECK_VALUE(beta1 >= 0.0 && beta1 < 1.0, op, ": Invalid beta parameter at index 0: ", beta1);
-  TORCH_CHECK_VALUE(beta2 >= 0.0 && beta2 < 1.0, op, ": Invalid beta parameter at index 1: ", beta2);
-  OptimParams p = common_params(op, params, grads, master_params, steps, true, scalars, weight_decay, maximize, mode,
-                                seed);
-  p.kind = OptimKind::kAdamW;
-  const char* state = "float32 (float64 for a float64 param)";
-  p.state[0] = check_companions(op, "exp_avgs", exp_avgs, params, p.params, false, state, is_state_dtype);
-  p.state[1] = check_companions(op, "exp_avg_sqs", exp_avg_sqs, params, p.params, false, state, is_state_dtype);
-  p.state[2] = check_companions(op, "max_exp_avg_sqs", max_exp_avg_sqs, params, p.params, true, state,
-                                is_state_dtype);
-  p.scalars.beta1 = beta1;
-  p.scalars.beta2 = beta2;
-  p.scalars.eps = eps;
-  return p;
+void define_optim_ops(torch::Library& m) {
+  for_each_optimizer([&](auto traits) {
+    using T = decltype(traits);
+    m.def(optim_schema<T>().c_str());
+  });
 }
 
-OptimParams sgd_params(const char* op, at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-                       at::TensorList master_params, at::TensorList steps, const StepScalars& scalars,
-                       double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
-                       int64_t mode, int64_t seed) {
-  check_option(std::isfinite(momentum) && momentum >= 0.0, op, "momentum value", momentum);
-  check_option(std::isfinite(dampening), op, "dampening value", dampening);
-  TORCH_CHECK_VALUE(!nesterov || (momentum > 0.0 && dampening == 0.0), op,
-                    ": Nesterov momentum requires a momentum and zero dampening");
-  // The first step is told by its count: momentum needs one, and stochastic
-  // rounding draws a fresh stream per step.
-  const bool steps_required = momentum != 0.0 || mode == int64_t(ParamMode::kStochastic);
-  OptimParams p = common_params(op, params, grads, master_params, steps, steps_required, scalars, weight_decay,
-                                maximize, mode, seed);
-  p.kind = OptimKind::kSgd;
-  const char* state = "float32 (float64 for a float64 param)";
-  p.state[0] = check_companions(op, "momentum_buffers", momentum_buffers, params, p.params, true, state,
-                                is_state_dtype);
-  TORCH_CHECK_VALUE(momentum == 0.0 || !p.state[0].empty() || params.empty(), op,
-                    ": momentum_buffers must be given when momentum != 0");
-  if (momentum == 0.0) p.state[0].clear();  // no momentum: buffers are neither read nor written
-  p.scalars.momentum = momentum;
-  p.scalars.dampening = dampening;
-  p.scalars.nesterov = nesterov;
-  return p;
+void impl_optim_ops(torch::Library& m, OptimRunner run) {
+  for_each_optimizer([&](auto traits) {
+    using T = decltype(traits);
+    m.impl(T::kName, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<StepKernel<T>>(run)));
+  });
 }
 
 }  // namespace gradacc::binding
 
 namespace gradacc {
-namespace {
 
-void adamw_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                    at::TensorList max_exp_avg_sqs, at::TensorList master_params, at::TensorList steps, double lr,
-                    const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_mult,
-                    const std::optional<at::Tensor>& found_inf, double beta1, double beta2, double eps,
-                    double weight_decay, bool maximize, int64_t mode, int64_t seed) {
-  cpu::optim_step(binding::adamw_params("gradacc.adamw_step_", params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
-                                        master_params, steps, {lr, lr_tensor, grad_mult, found_inf}, beta1, beta2,
-                                        eps, weight_decay, maximize, mode, seed));
-}
-
-void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-                  at::TensorList master_params, at::TensorList steps, double lr,
-                  const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_mult,
-                  const std::optional<at::Tensor>& found_inf, double momentum, double dampening, double weight_decay,
-                  bool nesterov, bool maximize, int64_t mode, int64_t seed) {
-  cpu::optim_step(binding::sgd_params("gradacc.sgd_step_", params, grads, momentum_buffers, master_params, steps,
-                                      {lr, lr_tensor, grad_mult, found_inf}, momentum, dampening, weight_decay,
-                                      nesterov, maximize, mode, seed));
-}
-
-void register_cpu_optim(torch::Library& m) {
-  m.impl("adamw_step_", &adamw_step_cpu);
-  m.impl("sgd_step_", &sgd_step_cpu);
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(gradacc, CPU, m) { register_cpu_optim(m); }
+TORCH_LIBRARY_IMPL(gradacc, CPU, m) { binding::register_cpu_optim(m); }
 // Sparse grads route here; the checks reject them by name (see ops.cpp).
-TORCH_LIBRARY_IMPL(gradacc, SparseCPU, m) { register_cpu_optim(m); }
-TORCH_LIBRARY_IMPL(gradacc, SparseCsrCPU, m) { register_cpu_optim(m); }
-TORCH_LIBRARY_IMPL(gradacc, SparseCUDA, m) { register_cpu_optim(m); }
-TORCH_LIBRARY_IMPL(gradacc, SparseCsrCUDA, m) { register_cpu_optim(m); }
+TORCH_LIBRARY_IMPL(gradacc, SparseCPU, m) { binding::register_cpu_optim(m); }
+TORCH_LIBRARY_IMPL(gradacc, SparseCsrCPU, m) { binding::register_cpu_optim(m); }
+TORCH_LIBRARY_IMPL(gradacc, SparseCUDA, m) { binding::register_cpu_optim(m); }
+TORCH_LIBRARY_IMPL(gradacc, SparseCsrCUDA, m) { binding::register_cpu_optim(m); }
 
 }  // namespace gradacc

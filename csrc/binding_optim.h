@@ -1,33 +1,24 @@
-// Binding layer of the fused optimizer steps: every tensor and option check
-// of gradacc::adamw_step_ and gradacc::sgd_step_ (schemas in ops.cpp), then
-// the raw-pointer OptimParams. A bad argument throws a c10::Error naming it
-// before any kernel runs, so nothing is written on an error path.
+// Binding layer of the fused optimizer steps: defines every optimizer op of
+// kernels/optim_traits.cuh, reads its arguments by the schema's names, does
+// every tensor and option check, then hands the raw-pointer OptimParams to a
+// kernel. A bad argument throws a c10::Error naming it before any kernel
+// runs, so nothing is written on an error path.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
-#include <optional>
+#include <c10/core/Device.h>
+#include <torch/library.h>
 
 #include "kernels/optim_params.h"
 
 namespace gradacc::binding {
 
-// The optional one-element float32 scalars both steps take.
-struct StepScalars {
-  double lr;
-  const std::optional<at::Tensor>& lr_tensor;
-  const std::optional<at::Tensor>& grad_mult;
-  const std::optional<at::Tensor>& found_inf;
-};
+// Runs one checked step on the params' device (never called without params).
+using OptimRunner = void (*)(const OptimParams& p, c10::Device device);
 
-OptimParams adamw_params(const char* op, at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                         at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList master_params,
-                         at::TensorList steps, const StepScalars& scalars, double beta1, double beta2, double eps,
-                         double weight_decay, bool maximize, int64_t mode, int64_t seed);
+// The schemas of every optimizer op (ops.cpp's TORCH_LIBRARY).
+void define_optim_ops(torch::Library& m);
 
-OptimParams sgd_params(const char* op, at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-                       at::TensorList master_params, at::TensorList steps, const StepScalars& scalars,
-                       double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
-                       int64_t mode, int64_t seed);
+// Registers every optimizer op with `run` as the kernel of m's dispatch key.
+void impl_optim_ops(torch::Library& m, OptimRunner run);
 
 }  // namespace gradacc::binding

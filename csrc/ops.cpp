@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include "binding.h"
+#include "binding_optim.h"
 #include "cpu/kernels_cpu.h"
 
 #ifndef GRADACC_TORCH_VERSION
@@ -73,18 +74,10 @@ TORCH_LIBRARY(gradacc, m) {
   m.def("clip_by_norm_(Tensor(a!)[] tensors, Tensor total_norm, float max_norm, float eps) -> ()");
   // tensors = clamp(tensors, -clip_value, clip_value)
   m.def("clip_by_value_(Tensor(a!)[] tensors, float clip_value) -> ()");
-  // Fused optimizer steps (csrc/binding_optim.cpp, cpu/optim_cpu.cpp, kernels/optim_step.cuh): torch's
-  // AdamW / SGD on grads * grad_mult with lr * lr_tensor; all of it, step counts included, is skipped
-  // when found_inf != 0. param_mode: 0 round to nearest, 1 fp32 master weights, 2 stochastic rounding (seed).
-  m.def(
-      "adamw_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
-      "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] master_params, Tensor(f!)[] steps, float lr, Tensor? lr_tensor, "
-      "Tensor? grad_mult, Tensor? found_inf, float beta1, float beta2, float eps, float weight_decay, "
-      "bool maximize, int param_mode, int seed) -> ()");
-  m.def(
-      "sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(e!)[] master_params, "
-      "Tensor(f!)[] steps, float lr, Tensor? lr_tensor, Tensor? grad_mult, Tensor? found_inf, float momentum, "
-      "float dampening, float weight_decay, bool nesterov, bool maximize, int param_mode, int seed) -> ()");
+  // Fused optimizer steps (kernels/optim_traits.cuh holds their schemas): torch's AdamW, SGD, ... on
+  // grads * grad_mult with lr * lr_tensor; all of it, step counts included, is skipped when
+  // found_inf != 0. param_mode: 0 round to nearest, 1 fp32 master weights, 2 stochastic rounding (seed).
+  binding::define_optim_ops(m);
 }
 
 void register_cpu_impls(torch::Library& m) {

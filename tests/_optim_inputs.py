@@ -1,14 +1,26 @@
-"""Fresh random inputs of the fused optimizer steps, and the same state inside torch.optim."""
+"""The optimizer test table (as torch's OptimizerInfo), fresh random inputs of the fused optimizer
+steps, and the same state inside torch.optim.
+
+OPTIMIZERS has one row per fused optimizer op: its argument record, its public function, its fused
+optimizer class, the configs whose options reach each branch of its element math, and an oracle
+optimizer independent of our reference (torch.optim's own, lion-pytorch's Lion). The op, emulation
+and optimizer tests parametrize over the rows, so a new optimizer's tests come from its row.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import pytest
 import torch
 from _oracle import rand_list
 
+from gradacc_ext.ops import adamw_step_, lion_step_, sgd_step_
 from gradacc_ext.ops._checks_optim import state_dtype
+from gradacc_ext.ops.optim_args import MODES, AdamWStep, LionStep, OptimStep, SGDStep
+from gradacc_ext.optim import FusedAdamW, FusedLion, FusedSGD
 
 # Options of the op tests and the emulation: each config reaches a different branch of the element math.
 SGD_CONFIGS = {
@@ -22,6 +34,11 @@ ADAM_CONFIGS = {
     "amsgrad": {"amsgrad": True, "weight_decay": 0.1},
     "maximize": {"maximize": True, "betas": (0.6, 0.95)},
     "beta1_large": {"amsgrad": True, "betas": (0.3, 0.5), "eps": 1e-3},  # lerp's second branch
+}
+LION_CONFIGS = {
+    "plain": {},
+    "decay": {"weight_decay": 0.5},
+    "maximize": {"maximize": True, "betas": (0.5, 0.9), "weight_decay": 0.1},
 }
 
 
@@ -99,3 +116,91 @@ def torch_optimizer(inputs: StepInputs, kind: str, **options) -> tuple[torch.opt
         elif inputs.steps and float(inputs.steps[i]) > 0:
             state["momentum_buffer"] = inputs.exp_avgs[i].clone()
     return opt, leaves
+
+
+def _lion_oracle(params, **options) -> torch.optim.Optimizer:
+    from lion_pytorch import Lion  # the test extra (pyproject); imported where used
+
+    return Lion(params, **options)
+
+
+@dataclass(frozen=True)
+class OptimInfo:
+    """One fused optimizer: the row of the test table."""
+
+    name: str
+    record: type[OptimStep]
+    fused: type[torch.optim.Optimizer]
+    oracle: Callable[..., torch.optim.Optimizer]  # the same optimizer, not ours (for test_optim.py)
+    configs: dict[str, dict]  # op options (the public function's keywords, amsgrad for AdamW)
+    lr: float
+    call: Callable[..., None]  # call(x, backend, lr, **options): the public op on StepInputs
+
+    @property
+    def op(self) -> str:
+        return self.record.NAME
+
+    def record_of(self, x: StepInputs, options: dict, lr: float, tensors: tuple, mode: str, seed: int) -> OptimStep:
+        """The op's argument record on `x`; tensors: (lr_tensor, grad_mult, found_inf)."""
+        opts = dict(options)
+        opts.pop("amsgrad", None)
+        beta1, beta2 = opts.pop("betas", self.record_defaults.get("betas", (0.9, 0.999)))
+        values = {**self.record_defaults, **opts, "beta1": beta1, "beta2": beta2}
+        lists = {"exp_avgs": x.exp_avgs, "exp_avg_sqs": x.exp_avg_sqs, "max_exp_avg_sqs": x.max_exp_avg_sqs,
+                 "momentum_buffers": x.exp_avgs if values.get("momentum") else []}  # fmt: skip
+        fields = {name: lists[name] for name, _ in self.record.STATE}
+        fields |= {name: values[name] for name in self.record.OPTIONS}
+        lr_tensor, grad_mult, found_inf = tensors
+        return self.record(
+            params=x.params, grads=x.grads, master_params=x.master_params, steps=x.steps, lr=lr,
+            lr_tensor=lr_tensor, grad_mult=grad_mult, found_inf=found_inf, maximize=values.get("maximize", False),
+            param_mode=MODES[mode], seed=seed, **fields,
+        )  # fmt: skip
+
+    @property
+    def record_defaults(self) -> dict[str, Any]:
+        return _DEFAULTS[self.name]
+
+
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "adamw": {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0},
+    "sgd": {"momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False},
+    "lion": {"betas": (0.9, 0.99), "weight_decay": 0.0},
+}
+
+
+def _call_adamw(x: StepInputs, backend: str, lr, **kw) -> None:
+    opts = {k: v for k, v in kw.items() if k != "amsgrad"}
+    adamw_step_(
+        x.params, x.grads, x.exp_avgs, x.exp_avg_sqs, x.steps, lr=lr, max_exp_avg_sqs=x.max_exp_avg_sqs,
+        master_params=x.master_params, backend=backend, **opts,
+    )  # fmt: skip
+
+
+def _call_sgd(x: StepInputs, backend: str, lr, **kw) -> None:
+    buffers = x.exp_avgs if kw.get("momentum", 0.0) else []
+    sgd_step_(x.params, x.grads, lr=lr, momentum_buffers=buffers, steps=x.steps, master_params=x.master_params,
+              backend=backend, **kw)  # fmt: skip
+
+
+def _call_lion(x: StepInputs, backend: str, lr, **kw) -> None:
+    lion_step_(x.params, x.grads, x.exp_avgs, lr=lr, steps=x.steps, master_params=x.master_params, backend=backend,
+               **kw)  # fmt: skip
+
+
+OPTIMIZERS = [
+    OptimInfo("adamw", AdamWStep, FusedAdamW, torch.optim.AdamW, ADAM_CONFIGS, 1e-2, _call_adamw),
+    OptimInfo("sgd", SGDStep, FusedSGD, torch.optim.SGD, SGD_CONFIGS, 0.05, _call_sgd),
+    OptimInfo("lion", LionStep, FusedLion, _lion_oracle, LION_CONFIGS, 1e-3, _call_lion),
+]
+BY_NAME = {info.name: info for info in OPTIMIZERS}
+
+
+def row_configs(names: Sequence[str] | None = None) -> list:
+    """(optimizer, config) pairs of the table, for pytest.mark.parametrize (ids "adamw-plain", ...)."""
+    return [
+        pytest.param(info, config, id=f"{info.name}-{config}")
+        for info in OPTIMIZERS
+        if names is None or info.name in names
+        for config in info.configs
+    ]

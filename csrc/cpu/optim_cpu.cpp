@@ -1,6 +1,7 @@
 // CPU kernels of the fused optimizer steps: one parallel pass over params,
 // grads and state, chunked like every other op (csrc/kernels/chunking.h).
-// The element math is csrc/kernels/optim_math.cuh, shared with CUDA.
+// The element math is each optimizer's update (csrc/kernels/optim_traits.cuh),
+// shared with CUDA; nothing here names an optimizer.
 // Compiled once per ISA into namespace GRADACC_CPU_ISA (isa.h, setup.py).
 #include "optim_cpu.h"
 
@@ -37,28 +38,19 @@ template <typename C> C* state_ptr(const std::vector<Span>& list, size_t t, int6
   return list.empty() ? nullptr : static_cast<C*>(list[t].data) + first;
 }
 
-template <bool kAmsgrad, typename IO, typename G, typename C>
-void adamw_chunk(const IO& io, const G* grad, C* m, C* v, C* vmax, int64_t n, const AdamConsts<C>& k) {
+// One chunk of optimizer T in variant kFlags; state[s] is null for a slot the variant does not use.
+template <typename T, int kFlags, typename IO, typename G, typename C>
+void step_chunk(const IO& io, const G* grad, C* const* state, int64_t n, const typename T::template Consts<C>& k) {
+  C* st[T::kSlots];  // local copies, so the loop provably keeps them
+  for (int slot = 0; slot < T::kSlots; ++slot) st[slot] = state[slot];
   for (int64_t i = 0; i < n; ++i) {
-    C unused = C(0);
-    C& vm = kAmsgrad ? vmax[i] : unused;
-    io.store(i, adamw_value<kAmsgrad>(io.load(i), load_as<C>(grad[i]), m[i], v[i], vm, k));
+    C s[T::kSlots];
+    for (int slot = 0; slot < T::kSlots; ++slot) s[slot] = T::uses(slot, kFlags) ? st[slot][i] : C(0);
+    io.store(i, T::template update<kFlags>(io.load(i), load_as<C>(grad[i]), s, k));
+    for (int slot = 0; slot < T::kSlots; ++slot) {
+      if (T::uses(slot, kFlags)) st[slot][i] = s[slot];
+    }
   }
-}
-
-template <bool kMomentum, bool kNesterov, bool kDecay, typename IO, typename G, typename C>
-void sgd_chunk(const IO& io, const G* grad, C* buf, int64_t n, const SgdConsts<C>& k) {
-  for (int64_t i = 0; i < n; ++i) {
-    C unused = C(0);
-    C& b = kMomentum ? buf[i] : unused;
-    io.store(i, sgd_value<kMomentum, kNesterov, kDecay>(io.load(i), load_as<C>(grad[i]), b, k));
-  }
-}
-
-// Calls f(std::bool_constant<B>{}) for a runtime flag.
-template <typename F>
-void with_flag(bool b, F&& f) {
-  if (b) f(std::true_type{}); else f(std::false_type{});
 }
 
 }  // namespace
@@ -87,21 +79,13 @@ void optim_step(const OptimParams& p) {
           const ParamIO<P, C, decltype(mode_tag)::value> io{
               static_cast<P*>(p.params[t].data) + first, state_ptr<float>(p.masters, t, first),
               rounding_stream(p.seed, float(done + 1.0)), uint64_t(c) * uint64_t(kChunkElems)};
-          if (p.kind == OptimKind::kAdamW) {
-            const auto k = adam_consts<C>(p.scalars, lr, done + 1.0, grad_mult);
-            C* m = state_ptr<C>(p.state[0], t, first);
-            C* v = state_ptr<C>(p.state[1], t, first);
-            C* vmax = state_ptr<C>(p.state[2], t, first);
-            with_flag(vmax != nullptr, [&](auto ams) { adamw_chunk<decltype(ams)::value>(io, grad, m, v, vmax, n, k); });
-            return;
-          }
-          const auto k = sgd_consts<C>(p.scalars, lr, done, grad_mult);
-          C* buf = state_ptr<C>(p.state[0], t, first);
-          with_flag(buf != nullptr, [&](auto mom) {
-            with_flag(p.scalars.nesterov, [&](auto nest) {
-              with_flag(p.scalars.weight_decay != 0.0, [&](auto decay) {
-                sgd_chunk<decltype(mom)::value, decltype(nest)::value, decltype(decay)::value>(io, grad, buf, n, k);
-              });
+          dispatch_optim(p.kind, [&](auto traits) {
+            using T = decltype(traits);
+            const auto k = T::template consts<C>(p.scalars, lr, done, grad_mult);
+            C* state[kMaxStateSlots];
+            for (int slot = 0; slot < kMaxStateSlots; ++slot) state[slot] = state_ptr<C>(p.state[slot], t, first);
+            dispatch_flags<1 << T::kFlagBits>(optim_flags<T>(p), [&](auto flags) {
+              step_chunk<T, decltype(flags)::value>(io, grad, state, n, k);
             });
           });
         });

@@ -1,6 +1,6 @@
-// CPU kernel of the fused optimizer steps (AdamW and SGD), the same element
-// math as the CUDA kernel (csrc/kernels/optim_math.cuh), compiled once per
-// ISA and dispatched at runtime (isa.h).
+// CPU kernel of the fused optimizer steps (every optimizer of
+// csrc/kernels/optim_traits.cuh), the same element math as the CUDA kernel,
+// compiled once per ISA and dispatched at runtime (isa.h).
 #pragma once
 
 #include "../kernels/optim_params.h"

@@ -1,6 +1,7 @@
 // Host side of the fused optimizer steps: the update kernel over every
 // chunk, then the step counts' increment. Torch-free.
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "../kernels/optim_step.cuh"
@@ -12,32 +13,22 @@ namespace {
 
 // Every instantiation has the same type (spelled this way, it also holds in the
 // host emulation of tests/emulation, which rewrites kernel signatures).
-using Kernel = decltype(&optim_kernel<OptimKind::kAdamW, false, false, false>);
+using Kernel = decltype(&optim_kernel<AdamW, 0>);
 
-template <OptimKind kKind, bool kA, bool kB, bool kC>
-Kernel kernel_of() {
-  return optim_kernel<kKind, kA, kB, kC>;
+template <typename T, int... F>
+Kernel kernel_of(int flags, std::integer_sequence<int, F...>) {
+  static constexpr Kernel kTable[] = {optim_kernel<T, F>...};
+  return kTable[flags];
 }
 
-// The instantiation for the step's compile-time flags.
+// The instantiation for the step's optimizer and compile-time variant.
 Kernel pick_kernel(const OptimParams& p) {
-  if (p.kind == OptimKind::kAdamW) {
-    return p.state[2].empty() ? kernel_of<OptimKind::kAdamW, false, false, false>()
-                              : kernel_of<OptimKind::kAdamW, true, false, false>();
-  }
-  const bool momentum = !p.state[0].empty(), nesterov = p.scalars.nesterov, decay = p.scalars.weight_decay != 0.0;
-  const int flags = (momentum ? 4 : 0) | (nesterov ? 2 : 0) | (decay ? 1 : 0);
-  constexpr OptimKind S = OptimKind::kSgd;
-  switch (flags) {
-    case 0: return kernel_of<S, false, false, false>();
-    case 1: return kernel_of<S, false, false, true>();
-    case 2: return kernel_of<S, false, true, false>();
-    case 3: return kernel_of<S, false, true, true>();
-    case 4: return kernel_of<S, true, false, false>();
-    case 5: return kernel_of<S, true, false, true>();
-    case 6: return kernel_of<S, true, true, false>();
-    default: return kernel_of<S, true, true, true>();
-  }
+  Kernel kernel = nullptr;
+  dispatch_optim(p.kind, [&](auto traits) {
+    using T = decltype(traits);
+    kernel = kernel_of<T>(optim_flags<T>(p), std::make_integer_sequence<int, 1 << T::kFlagBits>{});
+  });
+  return kernel;
 }
 
 // A list of `n` null spans standing in for an unused list.
@@ -49,7 +40,9 @@ std::vector<Span> or_nulls(const std::vector<Span>& list, size_t n) {
 
 cudaError_t launch_optim_step(const OptimParams& p, cudaStream_t stream) {
   const size_t n = p.params.size();
-  const std::vector<Span> s0 = or_nulls(p.state[0], n), s1 = or_nulls(p.state[1], n), s2 = or_nulls(p.state[2], n);
+  static_assert(kMaxStateSlots == 3, "the lists below name every state slot");
+  std::vector<Span> state[kMaxStateSlots];
+  for (int s = 0; s < kMaxStateSlots; ++s) state[s] = or_nulls(p.state[s], n);
   const std::vector<Span> masters = or_nulls(p.masters, n);
   std::vector<Span> steps(n, Span{nullptr, 0, DType::kFloat32});
   for (size_t t = 0; t < n && !p.steps.empty(); ++t) steps[t].data = p.steps[p.steps.size() == 1 ? 0 : t];
@@ -57,7 +50,7 @@ cudaError_t launch_optim_step(const OptimParams& p, cudaStream_t stream) {
   const OptimArgs args{p.scalars, p.lr_ptr, p.grad_mult_ptr, p.found_inf, p.seed, p.mode};
   const Kernel kernel = pick_kernel(p);
   cudaError_t err = for_each_batch<kOptimDepth>(
-      {&p.params, &p.grads, &s0, &s1, &s2, &masters, &steps},
+      {&p.params, &p.grads, &state[0], &state[1], &state[2], &masters, &steps},
       [&](const ListMeta<kOptimDepth>& meta, unsigned blocks) { kernel<<<blocks, kBlockThreads, 0, stream>>>(meta, args); });
   if (err != cudaSuccess) return err;
 

@@ -1,11 +1,12 @@
-// Per-element AdamW and SGD math of the fused optimizer steps, shared by the
-// CPU kernels (g++) and the CUDA kernels (nvcc). Torch-free.
+// Per-element math of the fused optimizer steps that every optimizer shares
+// (loads and stores in the compute type, torch's lerp and maximum, stochastic
+// rounding), for the CPU kernels (g++) and the CUDA kernels (nvcc); each
+// optimizer's own update is in optim_traits.cuh. Torch-free.
 //
 // The compute type C is float, or double for fp64 params (their state is
-// fp64 too). The formulas follow torch.optim.AdamW / SGD operation by
-// operation (lerp for exp_avg, addcmul for exp_avg_sq, addcdiv for the
-// update), every operation rounded on its own (no FMA contraction, see
-// element_math.cuh), so fp32 results stay within a few ulps of torch's.
+// fp64 too). The updates follow torch.optim operation by operation, every
+// operation rounded on its own (no FMA contraction, see element_math.cuh),
+// so fp32 results stay within a few ulps of torch's.
 #pragma once
 
 #include "element_math.cuh"
@@ -45,94 +46,6 @@ template <typename C>
 GRADACC_STEP_HD C lerp(C start, C end, C w) {
   const C diff = add_rn(end, -start);
   return w < C(0.5) ? add_rn(start, mul_rn(w, diff)) : add_rn(end, -mul_rn(diff, add_rn(C(1), -w)));
-}
-
-// ---- AdamW ---------------------------------------------------------------
-
-// The scalar options of a step, as the op received them.
-struct OptimScalars {
-  double lr = 0.0;  // multiplied by the optional lr tensor
-  double weight_decay = 0.0;
-  bool maximize = false;
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // AdamW
-  double momentum = 0.0, dampening = 0.0;          // SGD
-  bool nesterov = false;
-};
-
-// The per-tensor constants of one AdamW step, computed in double from the
-// step count (as torch's fused CPU kernel does) and then rounded to C.
-template <typename C>
-struct AdamConsts {
-  C decay;  // 1 - lr * weight_decay (decoupled weight decay)
-  C beta2, one_minus_beta1, one_minus_beta2;
-  C step_size;  // lr / (1 - beta1^step)
-  C bc2_sqrt;   // sqrt(1 - beta2^step)
-  C eps;
-  C grad_mult;  // grad multiplier, negated for maximize
-};
-
-// `lr` is the effective rate; `step` counts this step (1 on the first).
-template <typename C>
-GRADACC_HD AdamConsts<C> adam_consts(const OptimScalars& s, double lr, double step, double grad_mult) {
-  AdamConsts<C> k;
-  k.decay = C(1.0 - lr * s.weight_decay);
-  k.beta2 = C(s.beta2);
-  k.one_minus_beta1 = C(1.0 - s.beta1);
-  k.one_minus_beta2 = C(1.0 - s.beta2);
-  k.step_size = C(lr / (1.0 - pow(s.beta1, step)));
-  k.bc2_sqrt = C(sqrt(1.0 - pow(s.beta2, step)));
-  k.eps = C(s.eps);
-  k.grad_mult = C(s.maximize ? -grad_mult : grad_mult);
-  return k;
-}
-
-// One element of AdamW; returns the new param. m, v (and vmax with kAmsgrad)
-// are updated in place.
-template <bool kAmsgrad, typename C>
-GRADACC_STEP_HD C adamw_value(C p, C g, C& m, C& v, C& vmax, const AdamConsts<C>& k) {
-  g = mul_rn(g, k.grad_mult);
-  p = mul_rn(p, k.decay);
-  m = lerp(m, g, k.one_minus_beta1);
-  v = add_rn(mul_rn(v, k.beta2), mul_rn(mul_rn(g, g), k.one_minus_beta2));
-  C second = v;
-  if constexpr (kAmsgrad) {
-    vmax = maximum_nan(vmax, v);
-    second = vmax;
-  }
-  const C denom = add_rn(div_rn(sqrt_rn(second), k.bc2_sqrt), k.eps);
-  return add_rn(p, -mul_rn(k.step_size, div_rn(m, denom)));
-}
-
-// ---- SGD -----------------------------------------------------------------
-
-template <typename C>
-struct SgdConsts {
-  C neg_lr;
-  C weight_decay;
-  C momentum;
-  C one_minus_dampening;
-  C grad_mult;  // negated for maximize
-  bool first;   // the momentum buffer starts as the first step's gradient
-};
-
-// `steps_done` counts the steps taken before this one (0 on the first).
-template <typename C>
-GRADACC_HD SgdConsts<C> sgd_consts(const OptimScalars& s, double lr, double steps_done, double grad_mult) {
-  return SgdConsts<C>{C(-lr), C(s.weight_decay), C(s.momentum), C(1.0 - s.dampening),
-                      C(s.maximize ? -grad_mult : grad_mult), steps_done == 0.0};
-}
-
-// One element of SGD; returns the new param; buf is the momentum buffer
-// (used only with kMomentum).
-template <bool kMomentum, bool kNesterov, bool kDecay, typename C>
-GRADACC_STEP_HD C sgd_value(C p, C g, C& buf, const SgdConsts<C>& k) {
-  g = mul_rn(g, k.grad_mult);
-  if constexpr (kDecay) g = add_rn(g, mul_rn(k.weight_decay, p));
-  if constexpr (kMomentum) {
-    buf = k.first ? g : add_rn(mul_rn(buf, k.momentum), mul_rn(g, k.one_minus_dampening));
-    g = kNesterov ? add_rn(g, mul_rn(k.momentum, buf)) : buf;
-  }
-  return add_rn(p, mul_rn(k.neg_lr, g));
 }
 
 // ---- Stochastic rounding of 16-bit params ---------------------------------

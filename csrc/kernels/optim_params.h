@@ -1,4 +1,4 @@
-// Parameters of the fused optimizer steps (gradacc::adamw_step_, sgd_step_).
+// Parameters of the fused optimizer steps (every optimizer of optim_traits.cuh).
 //
 // Filled by csrc/binding_optim.cpp after every tensor check; the CPU kernels
 // (cpu/optim_cpu.cpp) and the CUDA launcher (cuda/optim_kernels.cu) trust
@@ -8,12 +8,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "optim_math.cuh"
+#include "optim_traits.cuh"
 #include "params.h"
 
 namespace gradacc {
-
-enum class OptimKind : int8_t { kAdamW = 0, kSgd = 1 };
 
 // How a 16-bit param stores its new value (fp32/fp64 params: always kNearest).
 enum class ParamMode : int8_t {
@@ -23,17 +21,16 @@ enum class ParamMode : int8_t {
 };
 
 struct OptimParams {
-  OptimKind kind = OptimKind::kAdamW;
+  int kind = 0;               // the optimizer's index in Optimizers (optim_traits.cuh)
   std::vector<Span> params;  // fp64, fp32, fp16 or bf16
   std::vector<Span> grads;   // each the param's dtype or fp32
-  // AdamW: exp_avg, exp_avg_sq, max_exp_avg_sq (amsgrad only). SGD:
-  // momentum_buffer (momentum only). Unused lists are empty. State is fp32,
-  // fp64 for fp64 params.
-  std::vector<Span> state[3];
+  // The optimizer's state lists in its slot order (T::kState); a list not
+  // given is empty. State is fp32, fp64 for fp64 params.
+  std::vector<Span> state[kMaxStateSlots];
   std::vector<Span> masters;  // fp32 copies of 16-bit params (kMaster), else empty
   // Step counts (one-element fp32): one per param or one shared by all;
-  // incremented after the update unless *found_inf != 0. SGD without
-  // momentum may pass none.
+  // incremented after the update unless *found_inf != 0. None where the
+  // optimizer does not require them (T::steps_required).
   std::vector<float*> steps;
 
   OptimScalars scalars;
@@ -43,5 +40,13 @@ struct OptimParams {
   ParamMode mode = ParamMode::kNearest;
   int64_t seed = 0;  // kStochastic
 };
+
+// The step's compile-time variant of optimizer T (T::flags).
+template <typename T>
+int optim_flags(const OptimParams& p) {
+  bool has[kMaxStateSlots];
+  for (int s = 0; s < kMaxStateSlots; ++s) has[s] = !p.state[s].empty();
+  return T::flags(p.scalars.option, has);
+}
 
 }  // namespace gradacc

@@ -1,7 +1,8 @@
-// CUDA kernels of the fused optimizer steps (AdamW, SGD). Torch-free.
+// CUDA kernel of the fused optimizer steps, one template over every
+// optimizer of optim_traits.cuh. Torch-free.
 //
 // One block per chunk, like every other multi-tensor kernel; the element
-// math is optim_math.cuh, the same as the CPU kernel's. fp32/16-bit chunks
+// math is the optimizer's update(), the same as the CPU kernel's. fp32/16-bit chunks
 // whose pointers are all 16-byte aligned take 16-byte accesses (apex
 // multi_tensor_axpby style), the rest (and fp64) go element by element;
 // the chunk's last n % 8 elements are the scalar tail. Step counts are read
@@ -14,9 +15,9 @@
 
 namespace gradacc::cuda {
 
-// Slots of the launch metadata: param, grad, the three state lists, the
+// Slots of the launch metadata: param, grad, the state lists (kMaxStateSlots), the
 // master weights and the step count (null pointers where unused).
-enum OptimSlot : int { kParam = 0, kGrad, kState0, kState1, kState2, kMaster, kStep, kOptimDepth };
+enum OptimSlot : int { kParam = 0, kGrad, kState0, kMaster = kState0 + kMaxStateSlots, kStep, kOptimDepth };
 
 struct OptimArgs {
   OptimScalars s;
@@ -45,8 +46,16 @@ __device__ __forceinline__ T* slot_ptr(const ListMeta<kOptimDepth>& meta, int sl
   return p == nullptr ? nullptr : static_cast<T*>(p) + first;
 }
 
-// kKind kAdamW: kA = amsgrad. kSgd: kA = momentum, kB = nesterov, kC = weight decay.
-template <OptimKind kKind, bool kA, bool kB, bool kC>
+// Element k's state values of a group: s[slot] is st[slot][k].
+template <typename C, int kSlots, int W>
+struct Column {
+  C (&st)[kSlots][W];
+  int k;
+  __device__ __forceinline__ C& operator[](int slot) const { return st[slot][k]; }
+};
+
+// One step of optimizer T (optim_traits.cuh) in its compile-time variant kFlags.
+template <typename T, int kFlags>
 __global__ void __launch_bounds__(kBlockThreads)
     optim_kernel(const __grid_constant__ ListMeta<kOptimDepth> meta, const OptimArgs args) {
   if (args.found_inf != nullptr && *args.found_inf != 0.0f) return;  // uniform: the whole step is skipped
@@ -64,26 +73,20 @@ __global__ void __launch_bounds__(kBlockThreads)
     using C = ComputeOf<P>;
     P* param = slot_ptr<P>(meta, c.slot, kParam, c.first_elem);
     const G* grad = slot_ptr<const G>(meta, c.slot, kGrad, c.first_elem);
-    C* s0 = slot_ptr<C>(meta, c.slot, kState0, c.first_elem);
-    C* s1 = slot_ptr<C>(meta, c.slot, kState1, c.first_elem);
-    C* s2 = slot_ptr<C>(meta, c.slot, kState2, c.first_elem);
     float* master = slot_ptr<float>(meta, c.slot, kMaster, c.first_elem);
-    const bool vec = aligned16(param) && aligned16(grad) && aligned16(s0) && aligned16(s1) && aligned16(s2) &&
-                     aligned16(master);  // a null pointer counts as aligned
+    C* state[T::kSlots];
+    bool vec = aligned16(param) && aligned16(grad) && aligned16(master);  // a null pointer counts as aligned
+#pragma unroll
+    for (int s = 0; s < T::kSlots; ++s) {
+      state[s] = T::uses(s, kFlags) ? slot_ptr<C>(meta, c.slot, kState0 + s, c.first_elem) : nullptr;
+      vec = vec && aligned16(state[s]);
+    }
     dispatch_mode<P>(args.mode, [&](auto mode_tag) {
       constexpr ParamMode M = decltype(mode_tag)::value;
-      constexpr bool kAdam = kKind == OptimKind::kAdamW;
-      const auto consts = [&] {
-        if constexpr (kAdam) {
-          return adam_consts<C>(args.s, lr, done + 1.0, mult);
-        } else {
-          return sgd_consts<C>(args.s, lr, done, mult);
-        }
-      }();
-      constexpr bool kUses0 = kAdam || kA, kUses1 = kAdam, kUses2 = kAdam && kA;
+      const auto consts = T::template consts<C>(args.s, lr, done, mult);
       for_each_element_group<!std::is_same_v<C, double>>(c.n, vec, [&](auto width, int i) {
         constexpr int W = decltype(width)::value;
-        C p[W], st[3][W] = {};  // the state slots this step uses (SGD: only st[0])
+        C p[W], st[T::kSlots][W] = {};  // the state slots this variant uses
         G g[W];
         load_raw<W>(grad + i, g);
         if constexpr (M == ParamMode::kMaster) {
@@ -94,23 +97,20 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
           for (int k = 0; k < W; ++k) p[k] = load_as<C>(raw[k]);
         }
-        if constexpr (kUses0) load_raw<W>(s0 + i, st[0]);
-        if constexpr (kUses1) load_raw<W>(s1 + i, st[1]);
-        if constexpr (kUses2) load_raw<W>(s2 + i, st[2]);
+#pragma unroll
+        for (int s = 0; s < T::kSlots; ++s) {
+          if (T::uses(s, kFlags)) load_raw<W>(state[s] + i, st[s]);
+        }
         P out[W];
 #pragma unroll
         for (int k = 0; k < W; ++k) {
-          const C gk = load_as<C>(g[k]);
-          if constexpr (kAdam) {
-            p[k] = adamw_value<kA>(p[k], gk, st[0][k], st[1][k], st[2][k], consts);
-          } else {
-            p[k] = sgd_value<kA, kB, kC>(p[k], gk, st[0][k], consts);
-          }
+          p[k] = T::template update<kFlags>(p[k], load_as<C>(g[k]), Column<C, T::kSlots, W>{st, k}, consts);
           out[k] = store_param<P, M>(p[k], stream, position + uint64_t(i + k));
         }
-        if constexpr (kUses0) store_raw<W>(s0 + i, st[0]);
-        if constexpr (kUses1) store_raw<W>(s1 + i, st[1]);
-        if constexpr (kUses2) store_raw<W>(s2 + i, st[2]);
+#pragma unroll
+        for (int s = 0; s < T::kSlots; ++s) {
+          if (T::uses(s, kFlags)) store_raw<W>(state[s] + i, st[s]);
+        }
         if constexpr (M == ParamMode::kMaster) store_raw<W>(master + i, p);
         store_raw<W>(param + i, out);
       });

@@ -9,6 +9,7 @@ import torch
 
 from .. import __version__, build_info
 from ..ops import _coverage, resolve_backend
+from ..ops.optim_args import RECORDS
 
 OPS = (
     "accumulate_",
@@ -17,8 +18,7 @@ OPS = (
     "unscale_",
     "clip_by_norm_",
     "clip_by_value_",
-    "adamw_step_",
-    "sgd_step_",
+    *(record.NAME for record in RECORDS),  # the optimizer steps
 )
 
 

@@ -119,14 +119,15 @@ OPTIM_CASES = {
     "fp16": (F16, F16, "nearest"),
     "fp64": (F64, F64, "nearest"),
 }
-# the steps' other switches, on fp32: AdamW's amsgrad, SGD's nesterov, both maximizing
+# the steps' other switches, on fp32: AdamW's amsgrad, SGD's nesterov, all maximizing
 ADAMW_CASES = {**OPTIM_CASES, "fp32-amsgrad-maximize": (F32, F32, "nearest")}
 SGD_CASES = {**OPTIM_CASES, "fp32-nesterov-maximize": (F32, F32, "nearest")}
+LION_CASES = {**OPTIM_CASES, "fp32-maximize": (F32, F32, "nearest")}
 
 
 def _optim_inputs(x: Inputs, case: str) -> tuple[list[torch.Tensor], ...]:
     """(params, grads, first moments, second moments, fp32 master params or [], step counts, scalars)."""
-    param_dtype, grad_dtype, mode = {**ADAMW_CASES, **SGD_CASES}[case]
+    param_dtype, grad_dtype, mode = {**ADAMW_CASES, **SGD_CASES, **LION_CASES}[case]
     state = F64 if param_dtype == F64 else F32
     params, grads = x.tensors(param_dtype), x.tensors(grad_dtype)
     masters = [p.to(F32) for p in params] if mode == "master" else []
@@ -152,6 +153,14 @@ def _sgd(x: Inputs, case: str, backend: str) -> list[torch.Tensor]:
     return [*params, *momentum, *masters, *steps]
 
 
+def _lion(x: Inputs, case: str, backend: str) -> list[torch.Tensor]:
+    params, grads, m, _, masters, steps, (lr, mult, found) = _optim_inputs(x, case)
+    ops.lion_step_(params, grads, m, lr=lr, weight_decay=0.1, steps=steps, master_params=masters, grad_mult=mult,
+                   found_inf=found, maximize="maximize" in case, mode=LION_CASES[case][2], seed=7,
+                   backend=backend)  # fmt: skip
+    return [*params, *m, *masters, *steps]
+
+
 KERNELS: list[Kernel] = [
     Kernel("accumulate_", PAIRS, _accumulate),
     Kernel("accumulate_final_", PAIRS, _accumulate_final),
@@ -161,4 +170,5 @@ KERNELS: list[Kernel] = [
     Kernel("clip_by_value_", SINGLE_F64, _clip_by_value),
     Kernel("adamw_step_", ADAMW_CASES, _adamw, max_bits_differ=1e-3),
     Kernel("sgd_step_", SGD_CASES, _sgd, max_bits_differ=1e-3),
+    Kernel("lion_step_", LION_CASES, _lion, max_bits_differ=1e-3),
 ]

@@ -17,7 +17,7 @@ from .api import (
     resolve_backend,
     unscale_,
 )
-from .optim_api import adamw_step_, sgd_step_
+from .optim_api import adamw_step_, lion_step_, sgd_step_
 
 __all__ = [
     "BACKENDS",
@@ -29,6 +29,7 @@ __all__ = [
     "clip_by_value_",
     "clip_grad_norm_",
     "global_norm",
+    "lion_step_",
     "resolve_backend",
     "sgd_step_",
     "unscale_",

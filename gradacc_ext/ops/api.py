@@ -61,6 +61,7 @@ def _run(
     args: tuple,
     on_empty: Callable[[], object] | None = None,
     reference_impl: ModuleType = reference,
+    reference_args: tuple | None = None,
 ):
     """Calls op `name` on the chosen backend.
 
@@ -69,7 +70,8 @@ def _run(
     the equivalent Python checks first. Either way nothing is written when an
     argument is rejected. `on_empty` is the result for empty lists (nothing to
     launch): their arguments, backend included, are still checked.
-    `reference_impl` is the module holding the op's pure-PyTorch reference.
+    `reference_impl` is the module holding the op's pure-PyTorch reference, called with
+    `reference_args` where given (the optimizer steps' argument record), else with `args`.
     """
     chosen, _ = resolve_backend(device, backend)
     if on_empty is not None:
@@ -78,7 +80,7 @@ def _run(
     if chosen == "ext":
         return getattr(torch.ops.gradacc, name)(*args)
     validate()
-    return getattr(reference_impl, name)(*args)
+    return getattr(reference_impl, name)(*(args if reference_args is None else reference_args))
 
 
 def _nothing() -> None:

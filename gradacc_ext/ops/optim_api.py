@@ -1,7 +1,7 @@
 """The fused optimizer steps as Python functions: backend choice as in api.py.
 
-Each is torch.optim.AdamW's (or SGD's) update over whole lists in one pass over memory, with
-three things folded in that torch spends extra passes on:
+Each is torch.optim.AdamW's (SGD's, or lion-pytorch's Lion's) update over whole lists in one
+pass over memory, with three things folded in that torch spends extra passes on:
 
 * ``grad_mult``: one device scalar multiplying every grad (loss-scale inverse x clip
   coefficient x normaliser), so unscaling and clipping need no pass of their own;
@@ -18,21 +18,38 @@ from collections.abc import Iterable
 
 import torch
 
-from . import _aliasing, _checks_optim, reference_optim
+from . import _aliasing, reference_optim
 from ._checks import list_device
+from ._checks_optim import check_step
 from .api import Backend, _as_list, _nothing, _run, _split_scale
+from .optim_args import MODES, AdamWStep, LionStep, OptimStep, SGDStep
 
 Mode = str  # "nearest" | "master" | "stochastic"
 
 
 def _mode(op: str, mode: Mode) -> int:
-    if mode not in _checks_optim.MODES:
-        raise ValueError(f"{op}: mode must be one of {tuple(_checks_optim.MODES)}, got {mode!r}")
-    return _checks_optim.MODES[mode]
+    if mode not in MODES:
+        raise ValueError(f"{op}: mode must be one of {tuple(MODES)}, got {mode!r}")
+    return MODES[mode]
 
 
-def _lists(op: str, **named: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
-    return [_as_list(op, tensors, arg) for arg, tensors in named.items()]
+def _lists(op: str, **named: Iterable[torch.Tensor]) -> dict[str, list[torch.Tensor]]:
+    return {arg: _as_list(op, tensors, arg) for arg, tensors in named.items()}
+
+
+def _common(op: str, lr: float | torch.Tensor, maximize: bool, mode: Mode, seed: int) -> dict:
+    """The record fields every step takes from the same keywords."""
+    lr_value, lr_tensor = _split_scale(lr)
+    return {"lr": lr_value, "lr_tensor": lr_tensor, "maximize": bool(maximize), "param_mode": _mode(op, mode),
+            "seed": int(seed)}  # fmt: skip
+
+
+def _step(a: OptimStep, backend: Backend) -> None:
+    state = {name: getattr(a, name) for name, _ in a.STATE}
+    _aliasing.check_outputs(a.op, params=a.params, **state, master_params=a.master_params, steps=a.steps)
+    device = list_device(a.params, a.found_inf)
+    empty = None if a.params else _nothing
+    _run(a.NAME, device, backend, lambda: check_step(a), a.args(), empty, reference_optim, (a,))
 
 
 def adamw_step_(
@@ -63,7 +80,7 @@ def adamw_step_(
     "stochastic" rounding, reproducible from `seed` and the step count.
     """
     op = "gradacc.adamw_step_"
-    params, grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps = _lists(
+    lists = _lists(
         op,
         params=params,
         grads=grads,
@@ -73,22 +90,12 @@ def adamw_step_(
         master_params=master_params,
         steps=steps,
     )
-    _aliasing.check_outputs(
-        op, params=params, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs, max_exp_avg_sqs=max_sqs,
-        master_params=masters, steps=steps,
-    )  # fmt: skip
-    lr_value, lr_tensor = _split_scale(lr)
     beta1, beta2 = (float(b) for b in betas)
-    args = (
-        params, grads, exp_avgs, exp_avg_sqs, max_sqs, masters, steps, lr_value, lr_tensor, grad_mult, found_inf,
-        beta1, beta2, float(eps), float(weight_decay), bool(maximize), _mode(op, mode), int(seed),
+    record = AdamWStep(
+        **lists, grad_mult=grad_mult, found_inf=found_inf, beta1=beta1, beta2=beta2, eps=float(eps),
+        weight_decay=float(weight_decay), **_common(op, lr, maximize, mode, seed),
     )  # fmt: skip
-
-    def validate() -> None:
-        _checks_optim.check_adamw_step(op, *args[:15], args[16])
-
-    device = list_device(params, found_inf)
-    _run("adamw_step_", device, backend, validate, args, None if params else _nothing, reference_optim)
+    _step(record, backend)
 
 
 def sgd_step_(
@@ -114,21 +121,44 @@ def sgd_step_(
     required: a param whose step count is 0 starts its buffer from the gradient, as torch does.
     Modes as in adamw_step_ (stochastic rounding needs `steps` too)."""
     op = "gradacc.sgd_step_"
-    params, grads, buffers, masters, steps = _lists(
+    lists = _lists(
         op,
         params=params, grads=grads, momentum_buffers=momentum_buffers, master_params=master_params, steps=steps
     )
-    _aliasing.check_outputs(
-        op, params=params, momentum_buffers=buffers, master_params=masters, steps=steps
+    record = SGDStep(
+        **lists, grad_mult=grad_mult, found_inf=found_inf, momentum=float(momentum), dampening=float(dampening),
+        weight_decay=float(weight_decay), nesterov=bool(nesterov), **_common(op, lr, maximize, mode, seed),
     )  # fmt: skip
-    lr_value, lr_tensor = _split_scale(lr)
-    args = (
-        params, grads, buffers, masters, steps, lr_value, lr_tensor, grad_mult, found_inf, float(momentum),
-        float(dampening), float(weight_decay), bool(nesterov), bool(maximize), _mode(op, mode), int(seed),
+    _step(record, backend)
+
+
+def lion_step_(
+    params: Iterable[torch.Tensor],
+    grads: Iterable[torch.Tensor],
+    exp_avgs: Iterable[torch.Tensor],
+    *,
+    lr: float | torch.Tensor,
+    betas: tuple[float, float] = (0.9, 0.99),
+    weight_decay: float = 0.0,
+    steps: Iterable[torch.Tensor] = (),
+    master_params: Iterable[torch.Tensor] = (),
+    grad_mult: torch.Tensor | None = None,
+    found_inf: torch.Tensor | None = None,
+    maximize: bool = False,
+    mode: Mode = "nearest",
+    seed: int = 0,
+    backend: Backend = "auto",
+) -> None:
+    """One Lion step (lion-pytorch's update): ``p <- p * (1 - lr * wd) - lr * sign(b1 * m + (1 - b1) * g)``,
+    then ``m <- b2 * m + (1 - b2) * g``. `steps` (counted as in adamw_step_) are needed only for
+    stochastic rounding; modes as in adamw_step_."""
+    op = "gradacc.lion_step_"
+    lists = _lists(
+        op, params=params, grads=grads, exp_avgs=exp_avgs, master_params=master_params, steps=steps
+    )
+    beta1, beta2 = (float(b) for b in betas)
+    record = LionStep(
+        **lists, grad_mult=grad_mult, found_inf=found_inf, beta1=beta1, beta2=beta2,
+        weight_decay=float(weight_decay), **_common(op, lr, maximize, mode, seed),
     )  # fmt: skip
-
-    def validate() -> None:
-        _checks_optim.check_sgd_step(op, *args[:13], args[14])
-
-    device = list_device(params, found_inf)
-    _run("sgd_step_", device, backend, validate, args, None if params else _nothing, reference_optim)
+    _step(record, backend)

@@ -1,8 +1,8 @@
-"""Pure-PyTorch reference of the fused optimizer steps (gradacc::adamw_step_, sgd_step_).
+"""Pure-PyTorch reference of the fused optimizer steps (gradacc::adamw_step_, sgd_step_, lion_step_).
 
-Same signatures and in-place semantics as the ops of csrc/ops.cpp, and the same arithmetic:
-torch.optim.AdamW / SGD operation by operation, each rounded on its own, in float32 (float64
-for float64 params), with the per-tensor constants computed in float64 from the step count.
+Each takes the op's argument record (optim_args.py), with the ops' in-place semantics and their
+arithmetic: torch.optim.AdamW / SGD operation by operation, each rounded on its own, in float32
+(float64 for float64 params), with the per-tensor constants computed in float64 from the step count.
 It is the fallback backend and the tests' oracle (on float64 inputs it computes in float64).
 
 Nothing here synchronises the host: lr, the grad multiplier, found_inf and the step counts
@@ -12,11 +12,10 @@ checks: gradacc_ext.ops.optim_api validates before calling it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from ._checks_optim import LOW, MODES, state_dtype
+from ._checks_optim import LOW, state_dtype
+from .optim_args import MODES, AdamWStep, LionStep, OptimStep, SGDStep
 
 F64 = torch.float64
 _CHUNK = 65536  # csrc/kernels/chunking.h: random positions are counted in chunks
@@ -80,15 +79,15 @@ def _scalar(t: torch.Tensor | None, device: torch.device, default: float = 1.0) 
 class _Step:
     """What every tensor of one call shares: the effective lr, the multiplier, the skip flag."""
 
-    def __init__(self, params, steps, lr, lr_tensor, grad_mult, found_inf, maximize, mode, seed) -> None:
-        device = params[0].device
-        self.steps = steps
-        self.lr = _scalar(lr_tensor, device) * lr
-        self.mult = _scalar(grad_mult, device) * (-1.0 if maximize else 1.0)
-        self.skip = (_scalar(found_inf, device, 0.0) != 0) if found_inf is not None else None
-        self.mode, self.seed = mode, seed
+    def __init__(self, a: OptimStep) -> None:
+        device = a.params[0].device
+        self.steps, self.masters = a.steps, a.master_params
+        self.lr = _scalar(a.lr_tensor, device) * a.lr
+        self.mult = _scalar(a.grad_mult, device) * (-1.0 if a.maximize else 1.0)
+        self.skip = (_scalar(a.found_inf, device, 0.0) != 0) if a.found_inf is not None else None
+        self.mode, self.seed = a.param_mode, a.seed
         starts, total = [], 0
-        for p in params:
+        for p in a.params:
             starts.append(total)
             total += -(-p.numel() // _CHUNK)
         self.chunk_starts = starts
@@ -102,14 +101,18 @@ class _Step:
     def keep(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         return new if self.skip is None else torch.where(self.skip, old, new)
 
-    def load(self, i: int, param: torch.Tensor, masters: Sequence[torch.Tensor]) -> torch.Tensor:
+    def write(self, state: torch.Tensor, value: torch.Tensor) -> None:
+        """A state tensor's new value, unless the step is skipped."""
+        state.copy_(self.keep(state, value))
+
+    def load(self, i: int, param: torch.Tensor) -> torch.Tensor:
         if self.mode == MODES["master"]:
-            return masters[i].clone()
+            return self.masters[i].clone()
         return param.to(state_dtype(param.dtype))
 
-    def store(self, i: int, param: torch.Tensor, masters: Sequence[torch.Tensor], value: torch.Tensor) -> None:
+    def store(self, i: int, param: torch.Tensor, value: torch.Tensor) -> None:
         if self.mode == MODES["master"]:
-            masters[i].copy_(self.keep(masters[i], value))
+            self.write(self.masters[i], value)
         if self.mode == MODES["stochastic"] and param.dtype in LOW:
             r = random_bits(self.seed, self.done(i) + 1, self.chunk_starts[i] * _CHUNK, param.numel())
             value = stochastic_round(value, param.dtype, r).view(param.shape)
@@ -127,82 +130,65 @@ def _lerp(start: torch.Tensor, end: torch.Tensor, weight: float) -> torch.Tensor
     return end - (end - start) * (1.0 - weight)
 
 
-def adamw_step_(
-    params: Sequence[torch.Tensor],
-    grads: Sequence[torch.Tensor],
-    exp_avgs: Sequence[torch.Tensor],
-    exp_avg_sqs: Sequence[torch.Tensor],
-    max_exp_avg_sqs: Sequence[torch.Tensor],
-    master_params: Sequence[torch.Tensor],
-    steps: Sequence[torch.Tensor],
-    lr: float,
-    lr_tensor: torch.Tensor | None,
-    grad_mult: torch.Tensor | None,
-    found_inf: torch.Tensor | None,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    maximize: bool,
-    mode: int,
-    seed: int,
-) -> None:
-    if not params:
+def adamw_step_(a: AdamWStep) -> None:
+    if not a.params:
         return
-    run = _Step(params, steps, lr, lr_tensor, grad_mult, found_inf, maximize, mode, seed)
-    for i, param in enumerate(params):
+    run = _Step(a)
+    beta1, beta2, eps, weight_decay = a.beta1, a.beta2, a.eps, a.weight_decay
+    for i, param in enumerate(a.params):
         dtype = state_dtype(param.dtype)
         step = run.done(i) + 1
         step_size = (run.lr / (1.0 - beta1**step)).to(dtype)
         bc2_sqrt = (1.0 - beta2**step).sqrt().to(dtype)
         decay = (1.0 - run.lr * weight_decay).to(dtype)
-        g = grads[i].to(dtype) * run.mult.to(dtype)
-        p = run.load(i, param, master_params) * decay
-        m = _lerp(exp_avgs[i], g, 1.0 - beta1)
-        v = exp_avg_sqs[i] * beta2 + (g * g) * (1.0 - beta2)
+        g = a.grads[i].to(dtype) * run.mult.to(dtype)
+        p = run.load(i, param) * decay
+        m = _lerp(a.exp_avgs[i], g, 1.0 - beta1)
+        v = a.exp_avg_sqs[i] * beta2 + (g * g) * (1.0 - beta2)
         second = v
-        if max_exp_avg_sqs:
-            second = torch.maximum(max_exp_avg_sqs[i], v)
-            max_exp_avg_sqs[i].copy_(run.keep(max_exp_avg_sqs[i], second))
+        if a.max_exp_avg_sqs:
+            second = torch.maximum(a.max_exp_avg_sqs[i], v)
+            run.write(a.max_exp_avg_sqs[i], second)
         denom = second.sqrt() / bc2_sqrt + eps
         p = p - step_size * (m / denom)
-        exp_avgs[i].copy_(run.keep(exp_avgs[i], m))
-        exp_avg_sqs[i].copy_(run.keep(exp_avg_sqs[i], v))
-        run.store(i, param, master_params, p)
+        run.write(a.exp_avgs[i], m)
+        run.write(a.exp_avg_sqs[i], v)
+        run.store(i, param, p)
     run.finish()
 
 
-def sgd_step_(
-    params: Sequence[torch.Tensor],
-    grads: Sequence[torch.Tensor],
-    momentum_buffers: Sequence[torch.Tensor],
-    master_params: Sequence[torch.Tensor],
-    steps: Sequence[torch.Tensor],
-    lr: float,
-    lr_tensor: torch.Tensor | None,
-    grad_mult: torch.Tensor | None,
-    found_inf: torch.Tensor | None,
-    momentum: float,
-    dampening: float,
-    weight_decay: float,
-    nesterov: bool,
-    maximize: bool,
-    mode: int,
-    seed: int,
-) -> None:
-    if not params:
+def sgd_step_(a: SGDStep) -> None:
+    if not a.params:
         return
-    run = _Step(params, steps, lr, lr_tensor, grad_mult, found_inf, maximize, mode, seed)
-    for i, param in enumerate(params):
+    run = _Step(a)
+    momentum, weight_decay = a.momentum, a.weight_decay
+    for i, param in enumerate(a.params):
         dtype = state_dtype(param.dtype)
-        p = run.load(i, param, master_params)
-        g = grads[i].to(dtype) * run.mult.to(dtype)
+        p = run.load(i, param)
+        g = a.grads[i].to(dtype) * run.mult.to(dtype)
         if weight_decay != 0.0:
             g = g + weight_decay * p
         if momentum != 0.0:
-            old = momentum_buffers[i]
-            buf = torch.where(run.done(i) == 0, g, old * momentum + g * (1.0 - dampening))
-            old.copy_(run.keep(old, buf))
-            g = g + momentum * buf if nesterov else buf
-        run.store(i, param, master_params, p + (-run.lr).to(dtype) * g)
+            old = a.momentum_buffers[i]
+            buf = torch.where(run.done(i) == 0, g, old * momentum + g * (1.0 - a.dampening))
+            run.write(old, buf)
+            g = g + momentum * buf if a.nesterov else buf
+        run.store(i, param, p + (-run.lr).to(dtype) * g)
+    run.finish()
+
+
+def lion_step_(a: LionStep) -> None:
+    """lion-pytorch's update: decay, the sign of the interpolated momentum, then the momentum."""
+    if not a.params:
+        return
+    run = _Step(a)
+    for i, param in enumerate(a.params):
+        dtype = state_dtype(param.dtype)
+        decay = (1.0 - run.lr * a.weight_decay).to(dtype)
+        g = a.grads[i].to(dtype) * run.mult.to(dtype)
+        p = run.load(i, param) * decay
+        m = a.exp_avgs[i]
+        direction = (m * a.beta1 + g * (1.0 - a.beta1)).sign()
+        run.write(m, m * a.beta2 + g * (1.0 - a.beta2))
+        run.store(i, param, p - run.lr.to(dtype) * direction)
     run.finish()

@@ -25,6 +25,15 @@ PARAM_MODES = tuple(MODES)
 DEFAULT_PARAM_MODE = "master"
 
 
+def check_betas_and_decay(betas: tuple[float, float], weight_decay: float) -> None:
+    """torch.optim's checks of betas and weight_decay (FusedAdamW, FusedLion)."""
+    for index, beta in enumerate(betas):
+        if not 0.0 <= float(beta) < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {index}: {beta}")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+
+
 def _norm_of(grads: list[torch.Tensor]) -> torch.Tensor:
     """L2 norm of grads on one device: the fused global_norm, torch's for float64."""
     if any(g.dtype == torch.float64 for g in grads):

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from ..ops import adamw_step_
-from ._fused import DEFAULT_PARAM_MODE, FusedOptimizer, new_state, new_step
+from ._fused import DEFAULT_PARAM_MODE, FusedOptimizer, check_betas_and_decay, new_state, new_step
 from .shards import on_local_shards
 
 
@@ -49,11 +49,7 @@ class FusedAdamW(FusedOptimizer):
     ) -> None:
         if not 0.0 <= eps:
             raise ValueError(f"Invalid epsilon value: {eps}")
-        for index, beta in enumerate(betas):
-            if not 0.0 <= float(beta) < 1.0:
-                raise ValueError(f"Invalid beta parameter at index {index}: {beta}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        check_betas_and_decay(betas, weight_decay)
         defaults = {
             "lr": lr,
             "betas": betas,

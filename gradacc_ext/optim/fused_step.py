@@ -20,12 +20,13 @@ import torch.optim.optimizer as optimizer_module
 
 from ..ops.constants import HALF_DTYPES
 from .adamw import FusedAdamW
+from .lion import FusedLion
 from .sgd import FusedSGD
 from .torch_steps import TORCH_STEPS
 
 # gradacc's fused optimizers: each has step_grads(grads, grad_mult, found_inf) and clips only when
 # built with max_grad_norm (which a FusedStep never applies: the caller clips by its own norm).
-FUSED_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (FusedAdamW, FusedSGD)
+FUSED_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (FusedAdamW, FusedSGD, FusedLion)
 
 Grads = dict[torch.Tensor, torch.Tensor]
 

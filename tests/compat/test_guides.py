@@ -329,7 +329,7 @@ for batch_idx, (data, targets) in enumerate(dataloader):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks that a CUDA scaler without CUDA does not scale")
 @pytest.mark.filterwarnings("ignore:.*CUDA is not available", "ignore:.*torch.cuda.amp.*is deprecated")
-def test_seed001_adaptive_with_a_scaler_and_the_loss_keys():
+def test_seed001_adaptive_with_a_cuda_scaler_off_cuda_and_the_loss_keys():
     from gradacc_ext.compat import AdaptiveGradientAccumulator, GradientAccumulationConfig
 
     names, batches, twin = guide_setup(6, 8, 32)

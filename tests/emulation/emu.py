@@ -1,6 +1,6 @@
 """ctypes front end of the emulated CUDA launchers (emu_ops.cpp, emu_optim.cpp): torch CPU tensors in, the
-device code run. The optimizer steps take the positional arguments of the ops (gradacc::adamw_step_,
-sgd_step_), so one argument tuple serves the emulation, the CPU kernels and the float64 reference."""
+device code run. The optimizer steps take the ops' argument records (gradacc_ext.ops.optim_args), so one
+record serves the emulation, the CPU kernels and the float64 reference."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ from pathlib import Path
 
 import torch
 
+from gradacc_ext.ops.optim_args import OptimStep
+
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}  # gradacc::DType
 SCALE_MODES = {"unscale": 0, "clip_norm": 1, "clip_value": 2}  # gradacc::ScaleMode
+STATE_SLOTS = 3  # gradacc::kMaxStateSlots
 _FLOAT_P = ctypes.POINTER(ctypes.c_float)
 _VOID_P = ctypes.c_void_p
 
@@ -60,8 +63,8 @@ class Emulator:
             ctypes.c_double, ctypes.c_double, ctypes.c_char_p, ctypes.c_size_t,
         ]  # fmt: skip
         self.lib.emu_optim_step.argtypes = [
-            ctypes.c_int, _VOID_P, _VOID_P, _VOID_P, ctypes.c_int64, _VOID_P, ctypes.c_int, ctypes.c_int, _FLOAT_P,
-            _FLOAT_P, _FLOAT_P, ctypes.c_int, ctypes.c_int64, ctypes.c_char_p, ctypes.c_size_t,
+            ctypes.c_char_p, _VOID_P, _VOID_P, _VOID_P, ctypes.c_int64, ctypes.c_double, _VOID_P, ctypes.c_int,
+            ctypes.c_int, _FLOAT_P, _FLOAT_P, _FLOAT_P, ctypes.c_int, ctypes.c_int64, ctypes.c_char_p, ctypes.c_size_t,
         ]  # fmt: skip
 
     def capacity(self, depth: int) -> int:
@@ -107,26 +110,17 @@ class Emulator:
             _any_ptr(total_norm), norm_dtype, max_norm, eps, clip_value,
         )  # fmt: skip
 
-    def adamw_step_(self, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps, lr, lr_tensor,
-                    grad_mult, found_inf, beta1, beta2, eps, weight_decay, maximize, mode, seed) -> None:  # fmt: skip
-        lists = (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params)
-        scalars = (lr, weight_decay, beta1, beta2, eps, 0.0, 0.0)
-        self._step(0, lists, steps, scalars, maximize, False, lr_tensor, grad_mult, found_inf, mode, seed)
-
-    def sgd_step_(self, params, grads, momentum_buffers, master_params, steps, lr, lr_tensor, grad_mult, found_inf,
-                  momentum, dampening, weight_decay, nesterov, maximize, mode, seed) -> None:  # fmt: skip
-        buffers = momentum_buffers if momentum != 0.0 else []  # as the binding: no momentum, no buffers
-        lists = (params, grads, buffers, [], [], master_params)
-        scalars = (lr, weight_decay, 0.0, 0.0, 0.0, momentum, dampening)  # no betas, no eps
-        self._step(1, lists, steps, scalars, maximize, nesterov, lr_tensor, grad_mult, found_inf, mode, seed)
-
-    def _step(self, kind, lists, steps, scalars, maximize, nesterov, lr_tensor, grad_mult, found_inf, mode,
-              seed) -> None:  # fmt: skip
+    def step(self, a: OptimStep) -> None:
+        """One optimizer step from its argument record (gradacc_ext.ops.optim_args): any optimizer."""
+        state = a.state()
+        lists = [a.params, a.grads, *state, *([[]] * (STATE_SLOTS - len(state))), a.master_params]
         span_arrays = [_spans(list(x)) for x in lists]  # kept alive through the call
-        heads = (_VOID_P * len(lists))(*[ctypes.addressof(a) for a in span_arrays])
+        heads = (_VOID_P * len(lists))(*[ctypes.addressof(arr) for arr in span_arrays])
         lengths = (ctypes.c_int64 * len(lists))(*[len(x) for x in lists])
-        step_ptrs = (_VOID_P * max(len(steps), 1))(*[s.data_ptr() for s in steps])
+        step_ptrs = (_VOID_P * max(len(a.steps), 1))(*[s.data_ptr() for s in a.steps])
+        options = a.options()
         self._call(
-            self.lib.emu_optim_step, kind, heads, lengths, step_ptrs, len(steps), (ctypes.c_double * 7)(*scalars),
-            int(maximize), int(nesterov), _ptr(lr_tensor), _ptr(grad_mult), _ptr(found_inf), mode, seed,
+            self.lib.emu_optim_step, a.NAME.encode(), heads, lengths, step_ptrs, len(a.steps), a.lr,
+            (ctypes.c_double * len(options))(*options), len(options), int(a.maximize), _ptr(a.lr_tensor),
+            _ptr(a.grad_mult), _ptr(a.found_inf), a.param_mode, a.seed,
         )  # fmt: skip

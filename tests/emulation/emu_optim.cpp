@@ -1,7 +1,8 @@
 // C entry points of the host-emulated optimizer-step launcher
 // (csrc/cuda/optim_kernels.cu built with shim/cuda_runtime_api.h), for
 // tests/test_emulation_optim.py (ctypes). The params are filled as
-// csrc/binding_optim.cpp fills them after its checks.
+// csrc/binding_optim.cpp fills them after its checks, for any optimizer of
+// csrc/kernels/optim_traits.cuh, named by its op.
 #include "../kernels/optim_step.cuh"  // resolved through -I csrc/cuda
 #include "emu_common.h"
 #include "optim_launch.h"
@@ -15,28 +16,24 @@ int emu_optim_capacity() { return ListMeta<gradacc::cuda::kOptimDepth>::kCapacit
 
 int emu_step_batch() { return gradacc::cuda::kStepBatch; }
 
-// lists: params, grads, state 0..2, masters (an unused list has length 0);
-// scalars: lr, weight_decay, beta1, beta2, eps, momentum, dampening.
-int emu_optim_step(int kind, const EmuSpan* const* lists, const int64_t* lengths, float* const* steps,
-                   int64_t num_steps, const double* scalars, int maximize, int nesterov, const float* lr_ptr,
-                   const float* grad_mult_ptr, const float* found_inf, int mode, int64_t seed, char* err,
-                   size_t err_len) {
+// lists: params, grads, the state slots (kMaxStateSlots), masters (an unused
+// list has length 0); options: the optimizer's kOptions in order.
+int emu_optim_step(const char* name, const EmuSpan* const* lists, const int64_t* lengths, float* const* steps,
+                   int64_t num_steps, double lr, const double* options, int num_options, int maximize,
+                   const float* lr_ptr, const float* grad_mult_ptr, const float* found_inf, int mode, int64_t seed,
+                   char* err, size_t err_len) {
   gradacc::OptimParams p;
-  p.kind = gradacc::OptimKind(kind);
+  p.kind = gradacc::optim_kind(name);
+  if (p.kind < 0 || num_options > gradacc::kMaxOptions) return -1;
+  constexpr int kSlots = gradacc::kMaxStateSlots;
   p.params = emu_entry::spans(lists[0], lengths[0]);
   p.grads = emu_entry::spans(lists[1], lengths[1]);
-  for (int s = 0; s < 3; ++s) p.state[s] = emu_entry::spans(lists[2 + s], lengths[2 + s]);
-  p.masters = emu_entry::spans(lists[5], lengths[5]);
+  for (int s = 0; s < kSlots; ++s) p.state[s] = emu_entry::spans(lists[2 + s], lengths[2 + s]);
+  p.masters = emu_entry::spans(lists[2 + kSlots], lengths[2 + kSlots]);
   p.steps.assign(steps, steps + num_steps);
-  p.scalars.lr = scalars[0];
-  p.scalars.weight_decay = scalars[1];
-  p.scalars.beta1 = scalars[2];
-  p.scalars.beta2 = scalars[3];
-  p.scalars.eps = scalars[4];
-  p.scalars.momentum = scalars[5];
-  p.scalars.dampening = scalars[6];
+  p.scalars.lr = lr;
   p.scalars.maximize = maximize != 0;
-  p.scalars.nesterov = nesterov != 0;
+  for (int i = 0; i < num_options; ++i) p.scalars.option[i] = options[i];
   p.lr_ptr = lr_ptr;
   p.grad_mult_ptr = grad_mult_ptr;
   p.found_inf = found_inf;

@@ -152,7 +152,8 @@ STEP_CASES = [(torch.float32, "nearest"), (torch.float64, "nearest")] + [
 @pytest.mark.parametrize(("dtype", "mode"), STEP_CASES, ids=lambda c: name(c) if isinstance(c, torch.dtype) else c)
 @pytest.mark.usefixtures("one_cpu_thread")
 def test_optim_step_variants_match(isas: list[str], dtype: torch.dtype, mode: str, specials: bool, gen):
-    """adamw_step_ (with and without amsgrad) and sgd_step_ (plain, and momentum with nesterov and decay)."""
+    """adamw_step_ (with and without amsgrad), sgd_step_ (plain, and momentum with nesterov and decay) and
+    lion_step_ (with decay, and maximize with other betas)."""
     x = make_inputs([abs(s) for s in SIZES], dtype, "cpu", gen, amsgrad=True, masters=mode == "master")
     # Grads of widely spread magnitude, specials included; 16-bit params get fp32 grads, one unaligned.
     x.grads = tensors(torch.float32 if dtype == torch.float64 else dtype, gen, specials=specials)
@@ -175,7 +176,14 @@ def test_optim_step_variants_match(isas: list[str], dtype: torch.dtype, mode: st
         ops.sgd_step_(params, grads, lr=0.1, momentum=0.8, dampening=0.3, momentum_buffers=buf, **common)
         return [*params, *buf, *masters, *steps]
 
-    for op in (adamw, sgd):
+    def lion(params, grads, m, _v, _vmax, masters, steps) -> list[torch.Tensor]:
+        common = dict(steps=steps, master_params=masters, mode=mode, seed=seed)
+        ops.lion_step_(params, grads, m, lr=1e-2, weight_decay=0.1, **common)
+        ops.lion_step_(params, grads, m, lr=scalar(3e-3), betas=(0.5, 0.9), maximize=True, grad_mult=scalar(0.5),
+                       **common)  # fmt: skip
+        return [*params, *m, *masters, *steps]
+
+    for op in (adamw, sgd, lion):
         check_variants(isas, [*x.lists(), x.steps], op)
 
 

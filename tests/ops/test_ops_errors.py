@@ -14,6 +14,7 @@ from _oracle import assert_bits_unchanged, assert_raise_alike, snapshot
 
 import gradacc_ext
 from gradacc_ext.ops import _checks, _checks_optim
+from gradacc_ext.ops.optim_args import SGDStep
 
 
 @dataclass
@@ -255,19 +256,22 @@ def test_ext_backend_without_kernels_for_the_device_is_an_error():
         gradacc_ext.global_norm(t, backend="ext")
 
 
-# sgd_step_'s lr, lr_tensor, grad_mult, found_inf, momentum, dampening, weight_decay, nesterov
-SGD_OPTIONS = (0.1, None, None, None, 0.9, 0.0, 0.0, False)
+def sgd_record(t: dict) -> SGDStep:
+    return SGDStep(params=t["params"], grads=t["grads"], momentum_buffers=t["bufs"], master_params=[],
+                   steps=t["steps"], lr=0.1, lr_tensor=None, grad_mult=None, found_inf=None, momentum=0.9,
+                   dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False, param_mode=0,
+                   seed=0)  # fmt: skip
+
+
 # (compiled op, its arguments, the Python validator of the same call) for lists `t` of CPU tensors.
 CHECKED_CALLS = {
     "accumulate_": (
         lambda t: (t["bufs"], t["grads"], 0.5, None, False),
         lambda t: _checks.check_accumulate("gradacc.accumulate_", t["bufs"], t["grads"], 0.5, None),
     ),
-    "sgd_step_": (  # no masters; maximize=False, mode 0 (nearest), seed 0
-        lambda t: (t["params"], t["grads"], t["bufs"], [], t["steps"], *SGD_OPTIONS, False, 0, 0),
-        lambda t: _checks_optim.check_sgd_step(
-            "gradacc.sgd_step_", t["params"], t["grads"], t["bufs"], [], t["steps"], *SGD_OPTIONS, 0
-        ),
+    "sgd_step_": (
+        lambda t: sgd_record(t).args(),
+        lambda t: _checks_optim.check_step(sgd_record(t)),
     ),
 }
 

@@ -1,18 +1,18 @@
-"""Bad input of adamw_step_ and sgd_step_, both backends: the exception type, a message naming the
-argument (torch.optim's wording for options), and no tensor written (params, state, steps, flags)."""
+"""Bad input of every fused optimizer op of the test table (_optim_inputs.OPTIMIZERS), both backends:
+the exception type, a message naming the argument (torch.optim's wording for options), and no tensor
+written (params, state, steps, flags)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import pytest
 import torch
 from _devices import require_ext
-from _optim_inputs import StepInputs, make_inputs
+from _optim_inputs import OPTIMIZERS, OptimInfo, StepInputs, make_inputs
 from _oracle import assert_bits_unchanged, assert_raise_alike, snapshot
-
-from gradacc_ext.ops import adamw_step_, sgd_step_
 
 
 @dataclass
@@ -39,19 +39,14 @@ class Call:
         return [t for t in tensors if t.layout == torch.strided and t.device.type != "meta"]
 
 
-def call_adamw(c: Call, backend: str) -> None:
-    x = c.x
-    adamw_step_(x.params, x.grads, x.exp_avgs, x.exp_avg_sqs, x.steps, max_exp_avg_sqs=x.max_exp_avg_sqs,
-                master_params=x.master_params, backend=backend, **c.options)  # fmt: skip
+def call(info: OptimInfo, c: Call, backend: str) -> None:
+    options = {**({"momentum": 0.9} if info.name == "sgd" else {}), **c.options}
+    lr = options.pop("lr")
+    info.call(c.x, backend, lr, **options)
 
 
-def call_sgd(c: Call, backend: str) -> None:
-    x = c.x
-    sgd_step_(x.params, x.grads, momentum_buffers=x.exp_avgs, steps=x.steps, master_params=x.master_params,
-              backend=backend, **{"momentum": 0.9, **c.options})  # fmt: skip
-
-
-OPS = {"adamw": call_adamw, "sgd": call_sgd}
+OPS = {info.name: partial(call, info) for info in OPTIMIZERS}
+ALL = " ".join(OPS)  # the cases every optimizer shares
 CASES: list = []
 
 
@@ -72,27 +67,29 @@ def item(arg: str, make: Callable[[Call], torch.Tensor], index: int = 1) -> Call
 
 
 for _lr in (-1e-3, float("nan"), float("inf")):
-    case("adamw sgd", f"lr={_lr}", option("lr", _lr), ValueError, "Invalid learning rate")
-case("adamw sgd", "weight_decay", option("weight_decay", -0.1), ValueError, "Invalid weight_decay value")
+    case(ALL, f"lr={_lr}", option("lr", _lr), ValueError, "Invalid learning rate")
+case(ALL, "weight_decay", option("weight_decay", -0.1), ValueError, "Invalid weight_decay value")
 case("adamw", "eps", option("eps", -1e-8), ValueError, "Invalid epsilon value")
 for _i, _betas in ((0, (1.0, 0.999)), (0, (-0.1, 0.999)), (1, (0.9, 1.0))):
-    case("adamw", f"betas={_betas}", option("betas", _betas), ValueError, f"Invalid beta parameter at index {_i}")
+    case("adamw lion", f"betas={_betas}", option("betas", _betas), ValueError, f"Invalid beta parameter at index {_i}")
 case("sgd", "momentum", option("momentum", -0.5), ValueError, "Invalid momentum value")
 case("sgd", "nesterov_dampening", lambda c: c.options.update(nesterov=True, dampening=0.1), ValueError, "Nesterov")
 case("sgd", "momentum_without_buffers", lambda c: c.x.exp_avgs.clear(), ValueError, "momentum_buffers")
-case("adamw sgd", "mode", option("mode", "bf16"), ValueError, "mode must be one of")
-case("adamw sgd", "master_without_masters", option("mode", "master"), ValueError, "master_params")
-case("adamw sgd", "master_of_fp32_param", lambda c: c.x.master_params.extend(p.clone() for p in c.x.params),
+case(ALL, "mode", option("mode", "bf16"), ValueError, "mode must be one of")
+case(ALL, "master_without_masters", option("mode", "master"), ValueError, "master_params")
+case(ALL, "master_of_fp32_param", lambda c: c.x.master_params.extend(p.clone() for p in c.x.params),
      TypeError, r"master_params\[0\].*float16 or bfloat16")  # fmt: skip
 
 # list lengths
-case("adamw sgd", "grads_shorter", lambda c: c.x.grads.pop(), ValueError, "grads must have one tensor per param")
-case("adamw sgd", "params_longer", lambda c: c.x.params.append(c.x.params[0].clone()), ValueError, "per param")
+case(ALL, "grads_shorter", lambda c: c.x.grads.pop(), ValueError, "grads must have one tensor per param")
+case(ALL, "params_longer", lambda c: c.x.params.append(c.x.params[0].clone()), ValueError, "per param")
 case("adamw", "exp_avg_sqs_longer", lambda c: c.x.exp_avg_sqs.append(c.x.exp_avg_sqs[0].clone()), ValueError,
      "exp_avg_sqs must have one tensor per param")  # fmt: skip
 case("adamw", "max_exp_avg_sqs_shorter", lambda c: c.x.max_exp_avg_sqs.pop(), ValueError, "max_exp_avg_sqs")
-case("adamw sgd", "two_steps", lambda c: c.x.steps.pop(), ValueError, "steps must hold one tensor per param")
+case(ALL, "two_steps", lambda c: c.x.steps.pop(), ValueError, "steps must hold one tensor per param")
 case("adamw", "no_steps", lambda c: c.x.steps.clear(), ValueError, "steps must hold")
+case("lion", "stochastic_without_steps", lambda c: (c.x.steps.clear(), c.options.update(mode="stochastic")),
+     ValueError, r"steps must hold .* shared by all, got 0")  # fmt: skip
 
 # one bad tensor in a list
 BAD_TENSORS = {
@@ -108,11 +105,11 @@ for _arg in ("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"):
     for _bad, (_make, _exc, _what) in BAD_TENSORS.items():
         if _arg == "params" and _bad == "shape":
             continue  # a param's shape is the reference, not checked
-        _ops = "adamw sgd" if _arg in ("params", "grads", "exp_avgs") else "adamw"
+        _ops = ALL if _arg in ("params", "grads", "exp_avgs") else "adamw"
         _named = "(exp_avgs|momentum_buffers)" if _arg == "exp_avgs" else _arg  # SGD's name for the list
         case(_ops, f"{_arg}[1]-{_bad}", item(_arg, _make), _exc, rf"{_named}\[1\].*{_what}")
-case("adamw sgd", "grads[1]-float16", item("grads", lambda c: c.x.grads[1].half()), TypeError, r"grads\[1\].*float32")
-case("adamw sgd", "exp_avgs[1]-bfloat16", item("exp_avgs", lambda c: c.x.exp_avgs[1].bfloat16()), TypeError,
+case(ALL, "grads[1]-float16", item("grads", lambda c: c.x.grads[1].half()), TypeError, r"grads\[1\].*float32")
+case(ALL, "exp_avgs[1]-bfloat16", item("exp_avgs", lambda c: c.x.exp_avgs[1].bfloat16()), TypeError,
      r"\[1\].*float32 \(float64 for a float64 param\)")  # fmt: skip
 case("adamw", "exp_avgs[1]-float64", item("exp_avgs", lambda c: c.x.exp_avgs[1].double()), TypeError, r"exp_avgs\[1\]")
 
@@ -125,9 +122,9 @@ BAD_SCALARS = {
 for _name in ("lr", "grad_mult", "found_inf"):
     for _bad, (_make, _exc, _what) in BAD_SCALARS.items():
         _arg = "lr_tensor" if _name == "lr" else _name
-        case("adamw sgd", f"{_name}-{_bad}", lambda c, n=_name, m=_make: c.options.__setitem__(n, m(c)), _exc,
+        case(ALL, f"{_name}-{_bad}", lambda c, n=_name, m=_make: c.options.__setitem__(n, m(c)), _exc,
              rf"{_arg}.*{_what}")  # fmt: skip
-    case("adamw sgd", f"steps[2]-{_bad}", item("steps", _make, 2), _exc, rf"steps\[2\].*{_what}")
+    case(ALL, f"steps[2]-{_bad}", item("steps", _make, 2), _exc, rf"steps\[2\].*{_what}")
 
 
 @pytest.mark.parametrize(("op", "brk", "exc", "match"), CASES)

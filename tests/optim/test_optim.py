@@ -1,5 +1,6 @@
-"""FusedAdamW / FusedSGD as torch.optim optimizers: equal to torch's on a small model, param groups,
-checkpoints both ways, every LR scheduler, GradScaler, 16-bit params with float32 grads, clipping."""
+"""The fused optimizers of the test table (FusedAdamW, FusedSGD, FusedLion) as torch.optim optimizers:
+equal to their oracle (torch's, lion-pytorch's Lion) on a small model, param groups, checkpoints
+both ways, every LR scheduler, GradScaler, 16-bit params with float32 grads, clipping."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import copy
 
 import pytest
 import torch
+from _optim_inputs import OPTIMIZERS
 from torch.optim import lr_scheduler as sched
 
-from gradacc_ext.optim import FusedAdamW, FusedSGD
+from gradacc_ext.optim import FusedAdamW, FusedLion, FusedSGD
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 TOL = {"rtol": 1e-5, "atol": 1e-6}
@@ -58,47 +60,46 @@ def assert_same_params(a: torch.nn.Module, b: torch.nn.Module, **tol) -> None:
         torch.testing.assert_close(pa, pb, **(tol or TOL))
 
 
-ADAMW_OPTIONS = [
-    {},
-    {"amsgrad": True, "weight_decay": 0.1},
-    {"maximize": True, "betas": (0.8, 0.99), "eps": 1e-6},
+# Per row of the optimizer table: option sets of the fused optimizer and its oracle (each reaching
+# other branches), the base options of the shared tests, and what the oracle needs besides.
+OPTIONS = {
+    "adamw": [{}, {"amsgrad": True, "weight_decay": 0.1}, {"maximize": True, "betas": (0.8, 0.99), "eps": 1e-6}],
+    "sgd": [{"momentum": 0.9}, {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-3},
+            {"dampening": 0.2, "momentum": 0.5}],
+    "lion": [{}, {"weight_decay": 0.1}, {"betas": (0.8, 0.95), "weight_decay": 0.5}],
+}  # fmt: skip
+BASE = {"adamw": {"lr": 1e-2}, "sgd": {"lr": 0.05, "momentum": 0.9}, "lion": {"lr": 1e-3, "weight_decay": 0.1}}
+ORACLE_EXTRA = {"adamw": {"fused": True}}  # torch's fused AdamW: the same roundings as ours
+ROW_OPTIONS = [
+    pytest.param(info, options, id=f"{info.name}-{i}")
+    for info in OPTIMIZERS
+    for i, options in enumerate(OPTIONS[info.name])
 ]
-SGD_OPTIONS = [
-    {"momentum": 0.9},
-    {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-3},
-    {"dampening": 0.2, "momentum": 0.5},
-]
+ROWS = [pytest.param(info, id=info.name) for info in OPTIMIZERS]
 
 
-@pytest.mark.parametrize("options", ADAMW_OPTIONS, ids=["plain", "amsgrad", "maximize"])
-def test_adamw_matches_torch_with_param_groups(gen, options):
-    ours_model, torch_model = make_model(gen), None
+@pytest.mark.parametrize(("info", "options"), ROW_OPTIONS)
+def test_matches_the_oracle_with_param_groups(gen, info, options):
+    """Ten steps of the fused optimizer and of the row's oracle (torch.optim's, lion-pytorch's Lion)
+    from the same model, two param groups with their own options."""
+    ours_model = make_model(gen)
     torch_model = copy.deepcopy(ours_model)
-    ours = FusedAdamW(groups(ours_model, lr=3e-3, weight_decay=0.0), lr=1e-2, **options)
-    ref = torch.optim.AdamW(groups(torch_model, lr=3e-3, weight_decay=0.0), lr=1e-2, fused=True, **options)
+    lr = BASE[info.name]["lr"]
+    second = {"lr": lr / 3, "weight_decay": 0.0}
+    ours = info.fused(groups(ours_model, **second), lr=lr, **options)
+    ref = info.oracle(groups(torch_model, **second), lr=lr, **options, **ORACLE_EXTRA.get(info.name, {}))
     train(ours_model, ours, 1, 10)
     train(torch_model, ref, 1, 10)
     assert_same_params(ours_model, torch_model)
 
 
-@pytest.mark.parametrize("options", SGD_OPTIONS, ids=["momentum", "nesterov", "dampening"])
-def test_sgd_matches_torch_with_param_groups(gen, options):
-    ours_model = make_model(gen)
-    torch_model = copy.deepcopy(ours_model)
-    ours = FusedSGD(groups(ours_model, lr=0.02), lr=0.05, **options)
-    ref = torch.optim.SGD(groups(torch_model, lr=0.02), lr=0.05, **options)
-    train(ours_model, ours, 2, 10)
-    train(torch_model, ref, 2, 10)
-    assert_same_params(ours_model, torch_model)
-
-
 @pytest.mark.parametrize("direction", ["torch_to_ours", "ours_to_torch"])
-@pytest.mark.parametrize("kind", ["adamw", "sgd"])
-def test_checkpoints_load_both_ways(gen, kind, direction):
+@pytest.mark.parametrize("info", ROWS)
+def test_checkpoints_load_both_ways(gen, info, direction):
     """Three steps on one implementation, its state_dict into the other, three more steps: equal to
-    six steps on torch alone."""
-    fused_cls, torch_cls = (FusedAdamW, torch.optim.AdamW) if kind == "adamw" else (FusedSGD, torch.optim.SGD)
-    options = {"lr": 1e-2, "amsgrad": True} if kind == "adamw" else {"lr": 0.05, "momentum": 0.9}
+    six steps on the oracle alone."""
+    fused_cls, torch_cls = info.fused, info.oracle
+    options = {**BASE[info.name], **({"amsgrad": True} if info.name == "adamw" else {})}
     first_cls, second_cls = (torch_cls, fused_cls) if direction == "torch_to_ours" else (fused_cls, torch_cls)
     model = make_model(gen)
     baseline = copy.deepcopy(model)
@@ -135,26 +136,28 @@ SCHEDULERS = {
 
 
 @pytest.mark.parametrize("name", list(SCHEDULERS))
-@pytest.mark.parametrize("kind", ["adamw", "sgd"])
-def test_every_lr_scheduler(gen, kind, name):
-    """The scheduler sees the same optimizer API as torch's: same lr trajectory, same params."""
-    fused_cls, torch_cls = (FusedAdamW, torch.optim.AdamW) if kind == "adamw" else (FusedSGD, torch.optim.SGD)
-    options = {"lr": 1e-2} if kind == "adamw" else {"lr": 0.05, "momentum": 0.9}
+@pytest.mark.parametrize("info", ROWS)
+def test_every_lr_scheduler(gen, info, name):
+    """The scheduler sees the same optimizer API as the oracle's: same lr trajectory, same params."""
     model = make_model(gen)
     twin = copy.deepcopy(model)
-    ours, ref = fused_cls(groups(model), **options), torch_cls(groups(twin), **options)
+    options = BASE[info.name]
+    ours, ref = info.fused(groups(model), **options), info.oracle(groups(twin), **options)
     lrs = train(model, ours, 5, 6, SCHEDULERS[name](ours))
     assert lrs == train(twin, ref, 5, 6, SCHEDULERS[name](ref))
     assert_same_params(model, twin)
 
 
-def test_grad_scaler_protocol_and_overflow_skip(gen):
+@pytest.mark.parametrize("info", ROWS)
+def test_grad_scaler_protocol_and_overflow_skip(gen, info):
     """torch.amp.GradScaler hands the scale and found_inf to the step (no unscale pass); an
     overflow leaves params and state bitwise untouched and the scaler backs off."""
     model = make_model(gen)
     twin = copy.deepcopy(model)
-    ours, ref = FusedAdamW(model.parameters(), lr=1e-2), torch.optim.AdamW(twin.parameters(), lr=1e-2, fused=True)
-    assert FusedAdamW._step_supports_amp_scaling
+    options = BASE[info.name]
+    ours = info.fused(model.parameters(), **options)
+    ref = info.oracle(twin.parameters(), **options, **ORACLE_EXTRA.get(info.name, {}))
+    assert info.fused._step_supports_amp_scaling
     scalers = [torch.amp.GradScaler("cpu", init_scale=2.0**12), torch.amp.GradScaler("cpu", init_scale=2.0**12)]
     data_gen = torch.Generator().manual_seed(6)
     for step in range(5):
@@ -169,8 +172,12 @@ def test_grad_scaler_protocol_and_overflow_skip(gen):
             scaler.update()
             if step == 3:
                 assert all(torch.equal(a, p) for a, p in zip(before[0], m.parameters(), strict=True))
-                steps_after = [float(s["step"]) for s in opt.state_dict()["state"].values()]
-                assert steps_after == [float(s["step"]) for s in before[1].values()]
+                # step counts (where kept: torch's SGD and lion-pytorch keep none) and state untouched
+                after = opt.state_dict()["state"]
+                assert after.keys() == before[1].keys()
+                for key, state in after.items():
+                    assert all(torch.equal(torch.as_tensor(v), torch.as_tensor(before[1][key][k]))
+                               for k, v in state.items() if v is not None)  # fmt: skip
     assert scalers[0].get_scale() == scalers[1].get_scale() == 2.0**11
     assert_same_params(model, twin)
 
@@ -199,14 +206,14 @@ def test_bf16_params_with_fp32_grads_follow_fp32_training_via_master_weights(gen
         assert torch.equal(p_low.detach(), master.to(torch.bfloat16))
 
 
-@pytest.mark.parametrize("kind", ["adamw", "sgd"])
-def test_max_grad_norm_equals_clip_grad_norm(gen, kind):
-    fused_cls, torch_cls = (FusedAdamW, torch.optim.AdamW) if kind == "adamw" else (FusedSGD, torch.optim.SGD)
+@pytest.mark.parametrize("info", ROWS)
+def test_max_grad_norm_equals_clip_grad_norm(gen, info):
     model = make_model(gen)
     twin = copy.deepcopy(model)
-    ours = fused_cls(model.parameters(), lr=0.05, max_grad_norm=0.1)
+    options = BASE[info.name]
+    ours = info.fused(model.parameters(), **options, max_grad_norm=0.1)
     train(model, ours, 7, 5)
-    train(twin, torch_cls(twin.parameters(), lr=0.05), 7, 5, clip=0.1)
+    train(twin, info.oracle(twin.parameters(), **options), 7, 5, clip=0.1)
     assert_same_params(model, twin)
     assert ours.last_grad_norm is not None and float(ours.last_grad_norm) > 0.1  # it did clip
 
@@ -223,6 +230,9 @@ def test_max_grad_norm_equals_clip_grad_norm(gen, kind):
         (lambda p: FusedAdamW(p, param_mode="bf16"), "param_mode must be one of"),
         (lambda p: FusedAdamW(p, max_grad_norm=0.0), "max_grad_norm"),
         (lambda p: FusedAdamW(p, differentiable=True), "differentiable"),
+        (lambda p: FusedLion(p, betas=(0.9, 1.0)), "Invalid beta parameter at index 1"),
+        (lambda p: FusedLion(p, weight_decay=-0.1), "Invalid weight_decay value"),
+        (lambda p: FusedLion(p, lr=-1.0), "Invalid learning rate"),
     ],
 )
 def test_constructor_rejects_bad_options(gen, make, match):

@@ -1,0 +1,168 @@
+"""The argument records of the fused optimizer steps: each op described once in Python.
+
+One dataclass per op: the fields every step takes (OptimStep) and the op's own, its state lists
+(``STATE``: name, optional) and its scalar options (``OPTIONS``), from which its schema order follows,
+as csrc/kernels/optim_traits.cuh generates the schema from the same names (tests/ops/test_ops_optim.py
+holds them equal), so ``record.args()`` is the positional call of torch.ops.gradacc.<op> and
+``Record.from_args(*args)`` reads one back. The checks (_checks_optim.check_step), the reference
+(reference_optim), the fake kernels (_fake_optim), the Python API (optim_api) and the host
+emulation all take the record. A record also holds its op's option rules, with torch.optim's
+wording and the number as C++ prints it, rule for rule those of the C++ traits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ._checks import num
+
+Tensors = list[torch.Tensor]
+MODES = {"nearest": 0, "master": 1, "stochastic": 2}
+
+
+def invalid(ok: bool, op: str, what: str, value: float) -> None:
+    """torch.optim's "Invalid <what>: <value>" unless `ok`."""
+    if not ok:
+        raise ValueError(f"{op}: Invalid {what}: {num(value)}")
+
+
+def check_betas(op: str, beta1: float, beta2: float) -> None:
+    for index, beta in enumerate((beta1, beta2)):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"{op}: Invalid beta parameter at index {index}: {num(beta)}")
+
+
+@dataclass(kw_only=True)
+class OptimStep:
+    """The arguments every optimizer op takes, and what each op's record answers.
+
+    Schema order: params, grads, the state lists, master_params, steps, lr, lr_tensor, grad_mult,
+    found_inf, the options (weight_decay among them), maximize, param_mode, seed.
+    """
+
+    NAME: ClassVar[str]  # the op's name in torch.ops.gradacc
+    STATE: ClassVar[tuple[tuple[str, bool], ...]]  # (state list, optional), in the kernel's slot order
+    OPTIONS: ClassVar[tuple[str, ...]]  # the optimizer's scalar options, in schema order
+
+    params: Tensors
+    grads: Tensors
+    master_params: Tensors
+    steps: Tensors
+    lr: float
+    lr_tensor: torch.Tensor | None
+    grad_mult: torch.Tensor | None
+    found_inf: torch.Tensor | None
+    weight_decay: float
+    maximize: bool
+    param_mode: int
+    seed: int
+
+    @classmethod
+    def schema_order(cls) -> tuple[str, ...]:
+        """The op's argument names in its schema's order."""
+        head = ("params", "grads", *(name for name, _ in cls.STATE), "master_params", "steps")
+        return (*head, "lr", "lr_tensor", "grad_mult", "found_inf", *cls.OPTIONS, "maximize", "param_mode", "seed")
+
+    @classmethod
+    def from_args(cls, *args: object) -> OptimStep:
+        """The record of a positional call of the op."""
+        return cls(**dict(zip(cls.schema_order(), args, strict=True)))
+
+    @property
+    def op(self) -> str:
+        """The op as error messages name it."""
+        return f"gradacc.{self.NAME}"
+
+    def args(self) -> tuple:
+        """The positional arguments of torch.ops.gradacc.<NAME>."""
+        return tuple(getattr(self, name) for name in self.schema_order())
+
+    def state(self) -> list[Tensors]:
+        return [getattr(self, name) for name, _ in self.STATE]
+
+    def options(self) -> list[float]:
+        return [float(getattr(self, name)) for name in self.OPTIONS]
+
+    def check_options(self) -> None:
+        """The option rules checked before any tensor (the C++ traits' check_options)."""
+
+    def steps_required(self) -> bool:
+        return True
+
+    def check_state(self) -> None:
+        """Rules on the state lists checked after them (the C++ traits' check_state)."""
+
+
+@dataclass(kw_only=True)
+class AdamWStep(OptimStep):
+    """gradacc::adamw_step_: torch.optim.AdamW; amsgrad when max_exp_avg_sqs is given."""
+
+    NAME = "adamw_step_"
+    STATE = (("exp_avgs", False), ("exp_avg_sqs", False), ("max_exp_avg_sqs", True))
+    OPTIONS = ("beta1", "beta2", "eps", "weight_decay")
+
+    exp_avgs: Tensors
+    exp_avg_sqs: Tensors
+    max_exp_avg_sqs: Tensors
+    beta1: float
+    beta2: float
+    eps: float
+
+    def check_options(self) -> None:
+        invalid(math.isfinite(self.eps) and self.eps >= 0.0, self.op, "epsilon value", self.eps)
+        check_betas(self.op, self.beta1, self.beta2)
+
+
+@dataclass(kw_only=True)
+class SGDStep(OptimStep):
+    """gradacc::sgd_step_: torch.optim.SGD; momentum_buffers only with momentum."""
+
+    NAME = "sgd_step_"
+    STATE = (("momentum_buffers", True),)
+    OPTIONS = ("momentum", "dampening", "weight_decay", "nesterov")
+
+    momentum_buffers: Tensors
+    momentum: float
+    dampening: float
+    nesterov: bool
+
+    def check_options(self) -> None:
+        invalid(math.isfinite(self.momentum) and self.momentum >= 0.0, self.op, "momentum value", self.momentum)
+        invalid(math.isfinite(self.dampening), self.op, "dampening value", self.dampening)
+        if self.nesterov and (self.momentum <= 0.0 or self.dampening != 0.0):
+            raise ValueError(f"{self.op}: Nesterov momentum requires a momentum and zero dampening")
+
+    def steps_required(self) -> bool:
+        # the first step is told by its count: momentum needs one, and stochastic rounding draws a
+        # fresh stream per step
+        return self.momentum != 0.0 or self.param_mode == MODES["stochastic"]
+
+    def check_state(self) -> None:
+        if self.momentum != 0.0 and self.params and not self.momentum_buffers:
+            raise ValueError(f"{self.op}: momentum_buffers must be given when momentum != 0")
+
+
+@dataclass(kw_only=True)
+class LionStep(OptimStep):
+    """gradacc::lion_step_: Lion (Chen et al. 2023, lion-pytorch's update); steps only for stochastic rounding."""
+
+    NAME = "lion_step_"
+    STATE = (("exp_avgs", False),)
+    OPTIONS = ("beta1", "beta2", "weight_decay")
+
+    exp_avgs: Tensors
+    beta1: float
+    beta2: float
+
+    def check_options(self) -> None:
+        check_betas(self.op, self.beta1, self.beta2)
+
+    def steps_required(self) -> bool:
+        return self.param_mode == MODES["stochastic"]  # its stream of random bits is per step
+
+
+RECORDS: tuple[type[OptimStep], ...] = (AdamWStep, SGDStep, LionStep)
