@@ -30,10 +30,10 @@ from test_accumulator_amp import fp32_forward, poison_hook
 from gradacc_ext import GradientAccumulator  # the public class: the core plus the guides' stats entry points
 from gradacc_ext.accumulate.buffers import GradBuffers
 from gradacc_ext.accumulate.config import GradientAccumulationConfig
-from gradacc_ext.optim import FusedAdamW, FusedSGD
+from gradacc_ext.optim import FusedAdamW, FusedLion, FusedSGD
 
 MODES = [pytest.param(True, id="fused"), pytest.param(False, id="plain")]
-OPTIMIZERS = ["adamw", "adam_amsgrad", "sgd_nesterov", "fused_adamw", "fused_sgd"]
+OPTIMIZERS = ["adamw", "adam_amsgrad", "sgd_nesterov", "fused_adamw", "fused_sgd", "fused_lion"]
 
 
 def make_opt(kind: str, params, dtype: torch.dtype) -> torch.optim.Optimizer:
@@ -46,6 +46,8 @@ def make_opt(kind: str, params, dtype: torch.dtype) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)
     if kind == "fused_adamw":
         return FusedAdamW(params, lr=0.02, weight_decay=0.05, eps=eps)
+    if kind == "fused_lion":
+        return FusedLion(params, lr=0.002, betas=(0.9, 0.99), weight_decay=0.1)
     return FusedSGD(params, lr=0.1, momentum=0.9, dampening=0.1)
 
 
@@ -120,7 +122,7 @@ def test_float32_equals_plain_loop_with_clipping(mode, kind):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("kind", ["adamw", "fused_adamw"])
+@pytest.mark.parametrize("kind", ["adamw", "fused_adamw", "fused_lion"])
 def test_fp16_overflow_skips_everything(mode, kind):
     """An inf in window 2: params, optimizer state and step counts bitwise unchanged, scheduler not stepped."""
     n, seed = 2, 5
@@ -213,14 +215,19 @@ def test_fallback_says_why_once_and_true_refuses(caplog):
         GradientAccumulationConfig(accumulation_steps=2, fused_step="yes")
 
 
-def test_bf16_params_step_from_fp32_buffers_without_cast_copies(monkeypatch):
-    """FusedAdamW's master weights follow an fp32 run; no param-dtype gradient copy is ever made."""
+# Lion's update is +-lr per element: lr 1e-3 keeps a sign that bf16 rounding flips within the bf16-level tolerance
+BF16_FUSED = {"adamw": lambda ps: FusedAdamW(ps, lr=0.01, eps=1e-3), "lion": lambda ps: FusedLion(ps, lr=1e-3)}
+
+
+@pytest.mark.parametrize("kind", list(BF16_FUSED))
+def test_bf16_params_step_from_fp32_buffers_without_cast_copies(monkeypatch, kind):
+    """FusedAdamW's / FusedLion's master weights follow an fp32 run; no param-dtype gradient copy is ever made."""
     n, seed = 2, 31
     monkeypatch.setattr(GradBuffers, "expose", lambda self: pytest.fail("the fused tail made cast copies"))
     model = make_model(torch.float32, seed).bfloat16()
     ref = make_model(torch.float32, seed)
     ref.load_state_dict({k: v.float() for k, v in model.state_dict().items()})  # same (bf16-exact) start
-    opt = FusedAdamW(model.parameters(), lr=0.01, eps=1e-3)
+    opt = BF16_FUSED[kind](model.parameters())
     acc = GradientAccumulator(model, opt, GradientAccumulationConfig(accumulation_steps=n, max_grad_norm=0.5))
     batches = make_batches(4 * n, 4, torch.float32, seed)
     for batch in batches:
@@ -230,7 +237,7 @@ def test_bf16_params_step_from_fp32_buffers_without_cast_copies(monkeypatch):
         assert [(d, f.numel()) for d, f in acc._buffers.flats.items()] == [
             (torch.float32, sum(-(-p.numel() // 4) * 4 for p in model.parameters()))
         ]
-    ref_opt = FusedAdamW(ref.parameters(), lr=0.01, eps=1e-3)
+    ref_opt = BF16_FUSED[kind](ref.parameters())
     plain_loop(ref, ref_opt, make_scheduler(ref_opt), batches, n, max_grad_norm=0.5)
     masters = [opt.state[p]["master_param"] for p in model.parameters()]
     assert all(m.dtype == torch.float32 for m in masters)
