@@ -205,7 +205,8 @@ def test_found_inf_skips_everything(device, backend, gen, info, mode):
     assert_bits_unchanged(before, x.all_tensors(), "step inputs")
     found.zero_()  # the same call with the flag clear does step
     info.call(x, backend, info.lr, **kw)
-    assert not torch.equal(before[0], snapshot(x.params[:1])[0])
+    # some param moves (one small bf16 param may round back to itself: a step below its ulp)
+    assert any(not torch.equal(b, a) for b, a in zip(before, snapshot(x.params), strict=False))
 
 
 # ---- registration ---------------------------------------------------------------------------------
