@@ -13,23 +13,23 @@ from .distributed.failures import PeerOutOfMemoryError
 from .ops import (
     accumulate_,
     accumulate_final_,
+    build_info,
     clip_by_norm_,
     clip_by_value_,
     clip_grad_norm_,
+    extension_has_cuda,
+    extension_loaded,
     global_norm,
+    register_fake_kernels,
     resolve_backend,
     unscale_,
 )
-from .ops._loader import build_info, extension_has_cuda, extension_loaded
 from .planning import AccumulationPlan, plan_accumulation, probe_max_micro_batch_size, scale_lr_linear, scale_lr_sqrt
 
 __version__ = "0.1.0"
 
 if extension_loaded():
-    from .ops import _fake, _fake_optim
-
-    _fake.register()
-    _fake_optim.register()
+    register_fake_kernels()
 
 __all__ = [
     "AccumulationPlan",

@@ -103,7 +103,7 @@ def kernels(device: str) -> int:
     import torch
 
     import gradacc_ext
-    from gradacc_ext.ops import _coverage
+    from gradacc_ext.ops import coverage as gpu_coverage
 
     info = gradacc_ext.build_info()
     print(json.dumps(info, indent=2))
@@ -117,7 +117,7 @@ def kernels(device: str) -> int:
     if not info["with_cuda"] or not registered:
         print("kernels: the build holds no CUDA kernels (a CPU-only build: was nvcc or CUDA_HOME missing?)")
         return 1
-    coverage = _coverage.device_coverage(0)
+    coverage = gpu_coverage.device_coverage(0)
     print(f"kernels: {coverage.device} ({coverage.name}): {coverage.reason}")
     if not coverage.covered:
         return 1

@@ -14,10 +14,12 @@ from collections.abc import Sequence
 
 import torch
 
+from .constants import FLOAT_DTYPES
+
 SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 FLOAT32_MAX = torch.finfo(torch.float32).max
 # The single-list ops (norms, clips: computed in double) and the optimizer steps also take float64.
-SINGLE_LIST = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+SINGLE_LIST = FLOAT_DTYPES
 SCALAR_FLOATS = SINGLE_LIST
 
 

@@ -16,15 +16,10 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ._checks import Use, check_list, check_pair_dtype, check_same_shape, check_scalar, check_tensor, list_device
+from .constants import HALF_DTYPES, state_dtype
 from .optim_args import MODES, OptimStep, invalid
 
-LOW = (torch.float16, torch.bfloat16)
 STATE_EXPECTED = "float32 (float64 for a float64 param)"
-
-
-def state_dtype(param_dtype: torch.dtype) -> torch.dtype:
-    """The optimizer state's dtype for a param: float64 for float64 params, float32 otherwise."""
-    return torch.float64 if param_dtype == torch.float64 else torch.float32
 
 
 def _check_companions(
@@ -73,7 +68,7 @@ def check_step(a: OptimStep) -> None:
         params,
         True,
         "float32 (master weights of a float16 or bfloat16 param)",
-        lambda p, m: m == torch.float32 and p in LOW,
+        lambda p, m: m == torch.float32 and p in HALF_DTYPES,
     )
     if params and (mode == MODES["master"]) != bool(a.master_params):
         raise ValueError(

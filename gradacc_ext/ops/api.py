@@ -21,9 +21,10 @@ from typing import Literal
 
 import torch
 
-from . import _aliasing, _checks, _coverage, reference
+from . import _aliasing, _checks, reference
 from ._loader import LOAD_REASON, extension_has_cuda, extension_loaded
 from .constants import DEFAULT_EPS
+from .coverage import cuda_index, device_coverage
 
 Backend = Literal["auto", "ext", "torch"]
 BACKENDS = ("auto", "ext", "torch")
@@ -44,7 +45,7 @@ def resolve_backend(device: torch.device | str, backend: str = "auto") -> tuple[
         available = extension_has_cuda()
         reason = "fused CUDA kernels" if available else "the extension was built without CUDA kernels"
         if available:  # checked once per GPU: its arch and its driver's kernel-parameter limit
-            coverage = _coverage.device_coverage(_coverage.cuda_index(device))
+            coverage = device_coverage(cuda_index(device))
             available, reason = coverage.covered, (reason if coverage.covered else coverage.reason)
     else:
         available, reason = False, f"no compiled kernels for device type {device.type!r}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks_optim import LOW, state_dtype
+from .constants import HALF_DTYPES, state_dtype
 from .optim_args import MODES, AdamWStep, LionStep, OptimStep, SGDStep
 
 F64 = torch.float64
@@ -113,7 +113,7 @@ class _Step:
     def store(self, i: int, param: torch.Tensor, value: torch.Tensor) -> None:
         if self.mode == MODES["master"]:
             self.write(self.masters[i], value)
-        if self.mode == MODES["stochastic"] and param.dtype in LOW:
+        if self.mode == MODES["stochastic"] and param.dtype in HALF_DTYPES:
             r = random_bits(self.seed, self.done(i) + 1, self.chunk_starts[i] * _CHUNK, param.numel())
             value = stochastic_round(value, param.dtype, r).view(param.shape)
         param.copy_(self.keep(param, value.to(param.dtype)))

@@ -16,9 +16,10 @@ from typing import Any
 import torch
 
 from ..ops import global_norm
-from ..ops._checks_optim import LOW, MODES, state_dtype
 from ..ops.constants import DEFAULT_EPS as CLIP_EPS
+from ..ops.constants import HALF_DTYPES, state_dtype
 from ..ops.norms import combine_norms
+from ..ops.optim_args import MODES
 from .shards import is_sharded
 
 PARAM_MODES = tuple(MODES)
@@ -176,13 +177,13 @@ class FusedOptimizer(torch.optim.Optimizer):
         """One op call per device, with 16-bit params apart in master mode (only they have masters)."""
         buckets: dict[tuple[torch.device, bool], list[torch.Tensor]] = {}
         for p in params:
-            low = self.param_mode == "master" and p.dtype in LOW
+            low = self.param_mode == "master" and p.dtype in HALF_DTYPES
             buckets.setdefault((p.device, low), []).append(p)
         return buckets.values()
 
     def _step_bucket(self, group, params, grads, grad_mult, found_inf) -> None:
         masters, steps = [], []
-        master_mode = self.param_mode == "master" and params[0].dtype in LOW
+        master_mode = self.param_mode == "master" and params[0].dtype in HALF_DTYPES
         for p in params:
             state = self.state[p]
             if "step" not in state:

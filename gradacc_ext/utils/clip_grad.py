@@ -24,8 +24,8 @@ from collections.abc import Iterable
 import torch
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 
-from ..ops import _checks, api
-from ..ops.constants import DEFAULT_EPS
+from ..ops import api, is_dense
+from ..ops.constants import DEFAULT_EPS, FLOAT_DTYPES
 from ..ops.norms import combine_norms
 
 TensorOrTensors = torch.Tensor | Iterable[torch.Tensor]
@@ -46,11 +46,11 @@ def _split(tensors: list[torch.Tensor]) -> tuple[dict[torch.device, list[torch.T
     fused: dict[torch.device, list[torch.Tensor]] = {}
     rest: list[torch.Tensor] = []
     for (device, dtype), ([group], _) in _group_tensors_by_device_and_dtype([tensors]).items():
-        if dtype not in _checks.SINGLE_LIST or not _has_kernels(device):
+        if dtype not in FLOAT_DTYPES or not _has_kernels(device):
             rest += group
             continue
         for t in group:
-            dense = t.layout == torch.strided and (t.is_contiguous() or _checks.is_dense(t))
+            dense = t.layout == torch.strided and (t.is_contiguous() or is_dense(t))
             (fused.setdefault(device, []) if dense else rest).append(t)
     return fused, rest
 

@@ -14,9 +14,10 @@ from _oracle import assert_close_list, f64, rand_list
 
 import gradacc_ext
 from gradacc_ext.cli import envinfo
-from gradacc_ext.ops import _coverage, api
+from gradacc_ext.ops import api
+from gradacc_ext.ops import coverage as gpu_coverage
 
-H100 = _coverage.DeviceFacts(
+H100 = gpu_coverage.DeviceFacts(
     device="cuda:0", name="mock H100", capability=(9, 0), driver_cuda=(13, 0), built_cuda="13.0",
     arch_list="8.0;9.0+PTX",
 )  # fmt: skip
@@ -41,7 +42,7 @@ H100 = _coverage.DeviceFacts(
     ],
 )
 def test_decision(change, covered, reason):
-    c = _coverage.decide(replace(H100, **change))
+    c = gpu_coverage.decide(replace(H100, **change))
     assert c.covered is covered and reason in c.reason, c
     assert c.path == ("fused CUDA kernels" if covered else "pure-PyTorch reference")
     if not covered:
@@ -55,13 +56,13 @@ def mock_gpu(monkeypatch):
     monkeypatch.setattr(api, "extension_has_cuda", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    _coverage.forget()
+    gpu_coverage.forget()
 
-    def use(facts: _coverage.DeviceFacts) -> None:
-        monkeypatch.setattr(_coverage, "device_facts", lambda index: replace(facts, device=f"cuda:{index}"))
+    def use(facts: gpu_coverage.DeviceFacts) -> None:
+        monkeypatch.setattr(gpu_coverage, "device_facts", lambda index: replace(facts, device=f"cuda:{index}"))
 
     yield use
-    _coverage.forget()
+    gpu_coverage.forget()
 
 
 def test_uncovered_gpu_falls_back_and_warns_once(mock_gpu):
@@ -106,7 +107,7 @@ def test_fallback_matches_the_fused_kernels_on_cuda(monkeypatch, gen):
     """On a real GPU: force the fallback, run the final micro-step both ways, both within the oracle's
     bounds of the same inputs, and flags equal."""
     require_ext("cuda")
-    facts = _coverage.device_facts(torch.cuda.current_device())
+    facts = gpu_coverage.device_facts(torch.cuda.current_device())
     numels = [1, 7, 65537, 300]
     grads = rand_list(numels, [torch.float16, torch.bfloat16, torch.float32, torch.float16], "cuda", gen)
     start = rand_list(numels, torch.float32, "cuda", gen)
@@ -114,8 +115,8 @@ def test_fallback_matches_the_fused_kernels_on_cuda(monkeypatch, gen):
     mag = [b.abs() + (0.5 * g).abs() for b, g in zip(f64(start), f64(grads), strict=True)]
     results = {}
     for path, arch_list in (("fused", facts.arch_list), ("fallback", None)):
-        monkeypatch.setattr(_coverage, "device_facts", lambda index, a=arch_list: replace(facts, arch_list=a))
-        _coverage.forget()
+        monkeypatch.setattr(gpu_coverage, "device_facts", lambda index, a=arch_list: replace(facts, arch_list=a))
+        gpu_coverage.forget()
         bufs = [b.clone() for b in start]
         found, norm = torch.zeros(1, device="cuda"), torch.full((), math.nan, device="cuda")
         with warnings.catch_warnings():
@@ -124,6 +125,6 @@ def test_fallback_matches_the_fused_kernels_on_cuda(monkeypatch, gen):
             gradacc_ext.accumulate_final_(bufs, grads, found, norm, 0.5)
         assert_close_list(bufs, want, mag, 3, path)
         results[path] = (found.item(), norm.item())
-    _coverage.forget()
+    gpu_coverage.forget()
     assert results["fused"][0] == results["fallback"][0] == 0.0
     assert math.isclose(results["fused"][1], results["fallback"][1], rel_tol=1e-5)
