@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from gradacc_ext.ops._coverage import arch_coverage
 
 import gradacc_ext
 from gradacc_ext.cli import envinfo, main, probe
 from gradacc_ext.cli.main import SIGPIPE_EXIT
+from gradacc_ext.ops.coverage import arch_coverage
 
 
 def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:

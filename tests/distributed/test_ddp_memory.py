@@ -27,7 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from gradacc_ext import GradientAccumulationConfig, GradientAccumulator
 from gradacc_ext.benchmarking.memory import allocated_bytes
-from gradacc_ext.ops._loader import extension_loaded
+from gradacc_ext.ops import extension_loaded
 
 pytestmark = [
     pytest.mark.distributed,
