@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from .. import __version__, build_info
+from ..ops import coverage as gpu_coverage
 from ..ops import resolve_backend
-from ..ops.coverage import decide, device_facts
 from ..ops.optim_args import RECORDS
 
 OPS = (
@@ -28,7 +28,7 @@ def collect() -> dict[str, Any]:
     build = build_info()
     running_torch = build["running_torch_version"].split("+")[0]
     # Every visible GPU, with the path the ops take on it (the same decision they make on first use).
-    gpus = [asdict(decide(device_facts(i))) for i in range(torch.cuda.device_count())]
+    gpus = [asdict(gpu_coverage.decide(gpu_coverage.device_facts(i))) for i in range(torch.cuda.device_count())]
     devices = ["cpu"] + (["cuda"] if gpus else [])
     backends: dict[str, dict[str, dict[str, str]]] = {}
     for device in devices:

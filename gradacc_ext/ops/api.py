@@ -22,9 +22,9 @@ from typing import Literal
 import torch
 
 from . import _aliasing, _checks, reference
+from . import coverage as gpu_coverage
 from ._loader import LOAD_REASON, extension_has_cuda, extension_loaded
 from .constants import DEFAULT_EPS
-from .coverage import cuda_index, device_coverage
 
 Backend = Literal["auto", "ext", "torch"]
 BACKENDS = ("auto", "ext", "torch")
@@ -45,7 +45,7 @@ def resolve_backend(device: torch.device | str, backend: str = "auto") -> tuple[
         available = extension_has_cuda()
         reason = "fused CUDA kernels" if available else "the extension was built without CUDA kernels"
         if available:  # checked once per GPU: its arch and its driver's kernel-parameter limit
-            coverage = device_coverage(cuda_index(device))
+            coverage = gpu_coverage.device_coverage(gpu_coverage.cuda_index(device))
             available, reason = coverage.covered, (reason if coverage.covered else coverage.reason)
     else:
         available, reason = False, f"no compiled kernels for device type {device.type!r}"
