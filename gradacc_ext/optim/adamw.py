@@ -80,17 +80,22 @@ class FusedAdamW(FusedOptimizer):
                 if "max_exp_avg_sq" not in state:
                     state["max_exp_avg_sq"] = new_state(p)
                 max_sqs.append(state["max_exp_avg_sq"])
-        beta1, beta2 = group["betas"]
-        on_local_shards(adamw_step_)(
-            params,
-            grads,
-            [s["exp_avg"] for s in states],
-            [s["exp_avg_sq"] for s in states],
-            steps,
-            betas=(float(beta1), float(beta2)),
-            eps=group["eps"],
-            weight_decay=group["weight_decay"],
-            max_exp_avg_sqs=max_sqs,
-            master_params=masters,
-            **kwargs,
-        )
+        step_adam_group(group, params, grads, states, steps, max_sqs, master_params=masters, **kwargs)
+
+
+def step_adam_group(group: dict, params: list, grads: list, states: list, steps: list, max_sqs: list, **kwargs) -> None:
+    """One adamw_step_ call over a param group whose state dicts hold exp_avg / exp_avg_sq (torch's names, which
+    FusedAdamW keeps): FusedAdamW's step and torch.optim.AdamW/Adam's fused tail (torch_steps.py) share it."""
+    beta1, beta2 = group["betas"]
+    on_local_shards(adamw_step_)(
+        params,
+        grads,
+        [s["exp_avg"] for s in states],
+        [s["exp_avg_sq"] for s in states],
+        steps,
+        betas=(float(beta1), float(beta2)),
+        eps=float(group["eps"]),
+        weight_decay=float(group["weight_decay"]),
+        max_exp_avg_sqs=max_sqs,
+        **kwargs,
+    )

@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..ops import adamw_step_, sgd_step_
+from ..ops import sgd_step_
+from .adamw import step_adam_group
 from .shards import on_local_shards
 
 # (group, params, grads, grad_mult, found_inf) -> None
@@ -34,18 +35,15 @@ class TorchAdamStep:
             if group["amsgrad"] and "max_exp_avg_sq" not in state:
                 state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["step"] = _step_tensor(state["step"], p)
-        beta1, beta2 = group["betas"]
-        on_local_shards(adamw_step_)(
+        max_sqs = [s["max_exp_avg_sq"] for s in states] if group["amsgrad"] else []
+        step_adam_group(
+            group,
             params,
             grads,
-            [s["exp_avg"] for s in states],
-            [s["exp_avg_sq"] for s in states],
+            states,
             [s["step"] for s in states],
+            max_sqs,
             lr=_lr(group, params[0]),
-            betas=(float(beta1), float(beta2)),
-            eps=float(group["eps"]),
-            weight_decay=float(group["weight_decay"]),
-            max_exp_avg_sqs=[s["max_exp_avg_sq"] for s in states] if group["amsgrad"] else [],
             maximize=bool(group["maximize"]),
             grad_mult=grad_mult,
             found_inf=found_inf,
