@@ -17,7 +17,7 @@ DType to_dtype(const char* op, const char* arg, int64_t i, const Tensor& t, Use 
       [[fallthrough]];
     default:
       fail(op, ": ", arg, "[", i, "] has dtype ", dtype_name(t.scalar_type()), "; expected ",
-                       use == Use::kPaired ? "float32, float16 or bfloat16" : "float32, float16, bfloat16 or float64");
+           use == Use::kPaired ? "float32, float16 or bfloat16" : "float32, float16, bfloat16 or float64");
   }
 }
 
@@ -47,7 +47,7 @@ DType to_scalar_dtype(const char* op, const char* arg, const Tensor& t) {
     case ScalarType::Double: return DType::kFloat64;
     default:
       fail(op, ": ", arg, " has dtype ", dtype_name(t.scalar_type()),
-                       "; expected a one-element floating-point tensor");
+           "; expected a one-element floating-point tensor");
   }
 }
 
@@ -61,7 +61,7 @@ void check_finite_scalar(const char* op, const char* arg, double v) {
 float to_float(const char* op, const char* arg, double v) {
   constexpr double kMax = std::numeric_limits<float>::max();
   GRADACC_CHECK(!std::isfinite(v) || std::fabs(v) <= kMax, op, ": ", arg, " = ", v,
-                    " does not fit in float32, the kernels' type; expected |", arg, "| <= ", kMax);
+                " does not fit in float32, the kernels' type; expected |", arg, "| <= ", kMax);
   return float(v);
 }
 
@@ -84,17 +84,18 @@ Span check_tensor(const char* op, const char* arg, int64_t i, const Tensor& t, c
                   Use use) {
   GRADACC_CHECK(t.defined(), op, ": ", arg, "[", i, "] is undefined (None)");
   GRADACC_CHECK(t.layout() == Layout::Strided, op, ": ", arg, "[", i, "] has layout ", layout_name(t.layout()),
-                    "; expected a dense (strided) tensor");
+                "; expected a dense (strided) tensor");
   GRADACC_CHECK(t.device() == device, op, ": ", arg, "[", i, "] is on ", device_name(t.device()),
-                    " but the tensors are on ", device_name(device), "; all tensors must be on one device");
+                " but the tensors are on ", device_name(device), "; all tensors must be on one device");
   const DType dtype = to_dtype(op, arg, i, t, use);
   if (use == Use::kSingleList) {
-    GRADACC_CHECK(is_non_overlapping_and_dense(t), op, ": ", arg, "[", i, "] is not dense (sizes ", shape_str(t.sizes()),
-                      ", strides ", shape_str(t.strides()), "); expected a dense non-overlapping tensor, such as a contiguous "
-                      "or channels_last one");
+    // is_contiguous() first: one shim call instead of the four of sizes() and strides().
+    GRADACC_CHECK(t.is_contiguous() || is_non_overlapping_and_dense(t), op, ": ", arg, "[", i,
+                  "] is not dense (sizes ", shape_str(t.sizes()), ", strides ", shape_str(t.strides()),
+                  "); expected a dense non-overlapping tensor, such as a contiguous or channels_last one");
   } else {
     GRADACC_CHECK(t.is_contiguous(), op, ": ", arg, "[", i, "] is not contiguous (sizes ", shape_str(t.sizes()),
-                      ", strides ", shape_str(t.strides()), "); expected a contiguous tensor");
+                  ", strides ", shape_str(t.strides()), "); expected a contiguous tensor");
   }
   return Span{t.data_ptr(), t.numel(), dtype};
 }
@@ -112,23 +113,23 @@ std::vector<Span> check_list(const char* op, const char* arg, const TensorList& 
 void check_scalar(const char* op, const char* arg, const Tensor& t, const Device& device) {
   GRADACC_CHECK(t.defined(), op, ": ", arg, " is undefined (None)");
   GRADACC_CHECK(t.scalar_type() == ScalarType::Float, op, ": ", arg, " has dtype ", dtype_name(t.scalar_type()),
-                   "; expected a one-element float32 tensor");
+                "; expected a one-element float32 tensor");
   GRADACC_CHECK(t.layout() == Layout::Strided && t.numel() == 1, op, ": ", arg, " has ", t.numel(),
-                    " elements; expected a one-element float32 tensor");
+                " elements; expected a one-element float32 tensor");
   GRADACC_CHECK(t.device() == device, op, ": ", arg, " is on ", device_name(t.device()), " but the tensors are on ",
-                    device_name(device), "; expected it on the same device");
+                device_name(device), "; expected it on the same device");
 }
 
 void check_same_shape(const char* op, const char* arg, int64_t i, const Tensor& t, const char* ref_arg,
                       const Tensor& ref) {
-  GRADACC_CHECK(t.sizes().equals(ref.sizes()), op, ": ", arg, "[", i, "] has shape ", shape_str(t.sizes()), " but ", ref_arg, "[",
-                    i, "] has shape ", shape_str(ref.sizes()), "; expected equal shapes");
+  GRADACC_CHECK(t.sizes().equals(ref.sizes()), op, ": ", arg, "[", i, "] has shape ", shape_str(t.sizes()), " but ",
+                ref_arg, "[", i, "] has shape ", shape_str(ref.sizes()), "; expected equal shapes");
 }
 
 void check_pair_dtype(bool ok, const char* op, const char* arg, int64_t i, const Tensor& t, const char* ref_arg,
                       const Tensor& ref, const char* expected) {
   GRADACC_CHECK(ok, op, ": ", arg, "[", i, "] has dtype ", dtype_name(t.scalar_type()), " but ", ref_arg, "[", i,
-                   "] has dtype ", dtype_name(ref.scalar_type()), "; expected ", expected);
+                "] has dtype ", dtype_name(ref.scalar_type()), "; expected ", expected);
 }
 
 Device list_device(const TensorList& list, const Tensor* fallback) {
@@ -143,7 +144,7 @@ Device list_device(const TensorList& list, const Tensor* fallback) {
 AccumulateParams accumulate_params(const char* op, const TensorList& bufs, const TensorList& grads, double alpha,
                                    const std::optional<Tensor>& alpha_tensor, bool assign) {
   GRADACC_CHECK(bufs.size() == grads.size(), op, ": bufs and grads must have the same length, got ",
-                    bufs.size(), " and ", grads.size());
+                bufs.size(), " and ", grads.size());
   const Device device = list_device(bufs, alpha_tensor ? &*alpha_tensor : nullptr);
   AccumulateParams p;
   p.bufs = check_list(op, "bufs", bufs, device, Use::kPaired);
@@ -224,9 +225,9 @@ ScaleParams clip_norm_params(const char* op, const TensorList& tensors, const Te
   GRADACC_CHECK(total_norm.defined(), op, ": total_norm is undefined (None)");
   const DType norm_dtype = to_scalar_dtype(op, "total_norm", total_norm);
   GRADACC_CHECK(total_norm.layout() == Layout::Strided && total_norm.numel() == 1, op, ": total_norm has ",
-                    total_norm.numel(), " elements; expected a one-element floating-point tensor");
+                total_norm.numel(), " elements; expected a one-element floating-point tensor");
   GRADACC_CHECK(total_norm.device() == device, op, ": total_norm is on ", device_name(total_norm.device()),
-                    " but the tensors are on ", device_name(device), "; expected it on the same device");
+                " but the tensors are on ", device_name(device), "; expected it on the same device");
   // inf measures without clipping, 0 zeroes the tensors: torch's semantics.
   GRADACC_CHECK(max_norm >= 0, op, ": max_norm must be >= 0 (inf allowed), got ", max_norm);
   GRADACC_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);

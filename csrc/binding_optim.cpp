@@ -27,7 +27,7 @@ std::vector<Span> check_companions(const char* op, const char* arg, const Tensor
                                    Want&& want) {
   if (optional && list.empty()) return {};
   GRADACC_CHECK(list.size() == params.size(), op, ": ", arg, " must have one tensor per param (",
-                    params.size(), optional ? ") or none" : ")", ", got ", list.size());
+                params.size(), optional ? ") or none" : ")", ", got ", list.size());
   std::vector<Span> spans;
   spans.reserve(list.size());
   for (size_t i = 0; i < list.size(); ++i) {
@@ -75,7 +75,7 @@ struct StepArgs {
       const StableIValue v = stack[i];
       const int slot = index_of(T::kState, T::kSlots, name), option = index_of(T::kOptions, kNumOptions, name);
       if (slot >= 0) state[slot] = to<TensorList>(v);
-      else if (option >= 0) scalars.option[option] = (T::kBoolOptions >> option) & 1 ? double(to<bool>(v)) : to<double>(v);
+      else if (option >= 0) scalars.option[option] = (T::kBoolOptions >> option) & 1 ? to<bool>(v) : to<double>(v);
       else if (name == "params") params = to<TensorList>(v);
       else if (name == "grads") grads = to<TensorList>(v);
       else if (name == "master_params") masters = to<TensorList>(v);
@@ -123,7 +123,7 @@ OptimParams checked_params(const char* op, const StepArgs<T>& a) {
   const double wd = o[T::kWeightDecay];
   rules.invalid(std::isfinite(wd) && wd >= 0.0, "weight_decay value", wd);
   GRADACC_CHECK(a.mode >= 0 && a.mode <= 2, op, ": mode must be 0 (nearest), 1 (master) or 2 (stochastic), got ",
-                    a.mode);
+                a.mode);
   OptimParams p;
   p.kind = kKindOf<T>;
   const TensorList& params = a.params;
@@ -137,13 +137,13 @@ OptimParams checked_params(const char* op, const StepArgs<T>& a) {
                                  return m == DType::kFloat32 && (param == DType::kFloat16 || param == DType::kBFloat16);
                                });
   GRADACC_CHECK((p.mode == ParamMode::kMaster) == !p.masters.empty() || params.empty(), op,
-                    ": master_params must be given exactly when mode is 1 (master), got ", a.masters.size(),
-                    " tensors with mode ", a.mode);
+                ": master_params must be given exactly when mode is 1 (master), got ", a.masters.size(),
+                " tensors with mode ", a.mode);
   const bool steps_required = T::steps_required(o, int(a.mode));
   const size_t num_steps = a.steps.size();
   GRADACC_CHECK(num_steps == 1 || num_steps == params.size() || (!steps_required && a.steps.empty()), op,
-                    ": steps must hold one tensor per param (", params.size(), ") or one shared by all",
-                    steps_required ? "" : " (or none)", ", got ", num_steps);
+                ": steps must hold one tensor per param (", params.size(), ") or one shared by all",
+                steps_required ? "" : " (or none)", ", got ", num_steps);
   for (size_t i = 0; i < num_steps; ++i) {
     check_scalar(op, ("steps[" + std::to_string(i) + "]").c_str(), a.steps[i], device);
     p.steps.push_back(a.steps[i].template mutable_data_ptr<float>());

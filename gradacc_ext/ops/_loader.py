@@ -15,6 +15,7 @@ import warnings
 from typing import Any
 
 import torch
+from torch.torch_version import TorchVersion
 
 from ._native import NativeExtension
 
@@ -38,8 +39,9 @@ def running_torch_version() -> str:
     return torch.__version__.split("+")[0]
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+def runs_with(torch_version: str, minimum: str | None) -> bool:
+    """Whether a stable-ABI build for torch >= `minimum` loads in `torch_version`."""
+    return TorchVersion(torch_version.split("+")[0]) >= (minimum or "2.11")
 
 
 def _load() -> tuple[NativeExtension | None, dict[str, Any] | None, str]:
@@ -52,7 +54,7 @@ def _load() -> tuple[NativeExtension | None, dict[str, Any] | None, str]:
     if not config.get("extension"):
         return None, config, "gradacc_ext was installed without its extension (GRADACC_NO_EXT=1 at build time)"
     minimum, running = config.get("min_torch_version") or "2.11", running_torch_version()
-    if _version_tuple(running) < _version_tuple(minimum):
+    if not runs_with(running, minimum):
         return (
             None,
             config,
