@@ -176,4 +176,6 @@ def _extensions():
 
 
 ext_modules, cmdclass = _extensions()
-setup(ext_modules=ext_modules, cmdclass=cmdclass)
+# One wheel for CPython 3.10 and later: the extension uses only the limited API (cp310-abi3).
+options = {"bdist_wheel": {"py_limited_api": "cp310"}} if ext_modules else {}
+setup(ext_modules=ext_modules, cmdclass=cmdclass, options=options)

@@ -8,7 +8,7 @@ namespace gradacc::binding {
 namespace {
 
 DType to_dtype(const char* op, const char* arg, int64_t i, const Tensor& t, Use use) {
-  switch (t.scalar_type()) {
+  switch (dtype_of(t)) {
     case ScalarType::Float: return DType::kFloat32;
     case ScalarType::Half: return DType::kFloat16;
     case ScalarType::BFloat16: return DType::kBFloat16;
@@ -40,7 +40,7 @@ NormKind to_norm_kind(const char* op, double norm_type) {
 }
 
 DType to_scalar_dtype(const char* op, const char* arg, const Tensor& t) {
-  switch (t.scalar_type()) {
+  switch (dtype_of(t)) {
     case ScalarType::Float: return DType::kFloat32;
     case ScalarType::Half: return DType::kFloat16;
     case ScalarType::BFloat16: return DType::kBFloat16;
@@ -83,9 +83,9 @@ double list_value(const char* op, const char* arg, double v, const std::vector<S
 Span check_tensor(const char* op, const char* arg, int64_t i, const Tensor& t, const Device& device,
                   Use use) {
   GRADACC_CHECK(t.defined(), op, ": ", arg, "[", i, "] is undefined (None)");
-  GRADACC_CHECK(t.layout() == Layout::Strided, op, ": ", arg, "[", i, "] has layout ", layout_name(t.layout()),
+  GRADACC_CHECK(is_strided(t), op, ": ", arg, "[", i, "] has layout ", layout_name(t.layout()),
                 "; expected a dense (strided) tensor");
-  GRADACC_CHECK(t.device() == device, op, ": ", arg, "[", i, "] is on ", device_name(t.device()),
+  GRADACC_CHECK(device_of(t) == device, op, ": ", arg, "[", i, "] is on ", device_name(t.device()),
                 " but the tensors are on ", device_name(device), "; all tensors must be on one device");
   const DType dtype = to_dtype(op, arg, i, t, use);
   if (use == Use::kSingleList) {
@@ -112,11 +112,11 @@ std::vector<Span> check_list(const char* op, const char* arg, const TensorList& 
 
 void check_scalar(const char* op, const char* arg, const Tensor& t, const Device& device) {
   GRADACC_CHECK(t.defined(), op, ": ", arg, " is undefined (None)");
-  GRADACC_CHECK(t.scalar_type() == ScalarType::Float, op, ": ", arg, " has dtype ", dtype_name(t.scalar_type()),
+  GRADACC_CHECK(dtype_of(t) == ScalarType::Float, op, ": ", arg, " has dtype ", dtype_name(t.scalar_type()),
                 "; expected a one-element float32 tensor");
-  GRADACC_CHECK(t.layout() == Layout::Strided && t.numel() == 1, op, ": ", arg, " has ", t.numel(),
+  GRADACC_CHECK(is_strided(t) && t.numel() == 1, op, ": ", arg, " has ", t.numel(),
                 " elements; expected a one-element float32 tensor");
-  GRADACC_CHECK(t.device() == device, op, ": ", arg, " is on ", device_name(t.device()), " but the tensors are on ",
+  GRADACC_CHECK(device_of(t) == device, op, ": ", arg, " is on ", device_name(t.device()), " but the tensors are on ",
                 device_name(device), "; expected it on the same device");
 }
 
@@ -134,9 +134,9 @@ void check_pair_dtype(bool ok, const char* op, const char* arg, int64_t i, const
 
 Device list_device(const TensorList& list, const Tensor* fallback) {
   for (const auto& t : list) {
-    if (t.defined()) return t.device();
+    if (t.defined()) return device_of(t);
   }
-  return fallback != nullptr ? fallback->device() : Device(torch::headeronly::DeviceType::CPU);
+  return fallback != nullptr ? device_of(*fallback) : Device(torch::headeronly::DeviceType::CPU);
 }
 
 // ---- the ops ----
@@ -224,9 +224,9 @@ ScaleParams clip_norm_params(const char* op, const TensorList& tensors, const Te
   // total_norm: one element of any float dtype (torch's get_total_norm returns the grads' dtype).
   GRADACC_CHECK(total_norm.defined(), op, ": total_norm is undefined (None)");
   const DType norm_dtype = to_scalar_dtype(op, "total_norm", total_norm);
-  GRADACC_CHECK(total_norm.layout() == Layout::Strided && total_norm.numel() == 1, op, ": total_norm has ",
+  GRADACC_CHECK(is_strided(total_norm) && total_norm.numel() == 1, op, ": total_norm has ",
                 total_norm.numel(), " elements; expected a one-element floating-point tensor");
-  GRADACC_CHECK(total_norm.device() == device, op, ": total_norm is on ", device_name(total_norm.device()),
+  GRADACC_CHECK(device_of(total_norm) == device, op, ": total_norm is on ", device_name(total_norm.device()),
                 " but the tensors are on ", device_name(device), "; expected it on the same device");
   // inf measures without clipping, 0 zeroes the tensors: torch's semantics.
   GRADACC_CHECK(max_norm >= 0, op, ": max_norm must be >= 0 (inf allowed), got ", max_norm);

@@ -31,7 +31,7 @@ std::vector<Span> check_companions(const char* op, const char* arg, const Tensor
   std::vector<Span> spans;
   spans.reserve(list.size());
   for (size_t i = 0; i < list.size(); ++i) {
-    spans.push_back(check_tensor(op, arg, int64_t(i), list[i], params[i].device(), Use::kStep));
+    spans.push_back(check_tensor(op, arg, int64_t(i), list[i], device_of(params[i]), Use::kStep));
     check_same_shape(op, arg, int64_t(i), list[i], "params", params[i]);
     check_pair_dtype(want(param_spans[i].dtype, spans.back().dtype), op, arg, int64_t(i), list[i], "params",
                      params[i], expected);
@@ -177,7 +177,7 @@ void step(OptimRunner run, StableIValue* stack, uint64_t num_args) {
   const std::string op = "gradacc." + std::string(T::kName);
   const StepArgs<T> args(names, stack);
   const OptimParams p = checked_params<T>(op.c_str(), args);
-  if (!args.params.empty()) run(p, args.params[0].device());
+  if (!args.params.empty()) run(p, device_of(args.params[0]));
 }
 
 }  // namespace

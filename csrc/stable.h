@@ -46,6 +46,11 @@ std::string layout_name(Layout layout);
 std::string device_name(const Device& device);
 // "[2, 3]", as torch prints a size or stride list.
 std::string shape_str(torch::headeronly::IntHeaderOnlyArrayRef dims);
+// t.scalar_type(), t.layout() == Strided and t.device() in one or two shim
+// calls each, for the checks every tensor of every list goes through.
+ScalarType dtype_of(const Tensor& t);
+bool is_strided(const Tensor& t);
+Device device_of(const Tensor& t);
 // c10's is_non_overlapping_and_dense, which the stable Tensor lacks,
 // computed from sizes() and strides().
 bool is_non_overlapping_and_dense(const Tensor& t);
