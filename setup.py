@@ -17,7 +17,6 @@ torch.cuda.is_available(): wheels must build on machines without a GPU.
 import os
 import platform
 import pprint
-import sys
 import warnings
 from pathlib import Path
 
@@ -40,6 +39,10 @@ CPU_ISA_SOURCES = ["csrc/cpu/kernels_cpu.cpp", "csrc/cpu/optim_cpu.cpp"]
 # x86-64 variants beside the baseline, by namespace. ATen's AVX2 / AVX512 CPU capability, which picks the variant
 # at runtime (csrc/cpu/isa.cpp), implies every extension named here. No -mfma: -ffp-contract=off forbids
 # contraction anyway. AVX512_BF16's conversion flushes subnormals to zero, so it is not used (csrc/cpu/loops_cpu.h).
+# The LibTorch stable-ABI version the binary targets (TORCH_TARGET_VERSION: major << 56 | minor << 48), and
+# CPython's limited API (abi3: torch's py_limited_api=True defines Py_LIMITED_API for 3.10 and later).
+STABLE_TARGET = "2.11"
+STABLE_TARGET_HEX = f"0x{(2 << 56) | (11 << 48):016x}"
 X86_ISA_FLAGS = {
     "isa_avx2": ["-mavx2", "-mf16c"],
     "isa_avx512": ["-mavx2", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"],
@@ -117,24 +120,24 @@ def _extensions():
     cuda_version = torch.version.cuda if use_cuda else None
 
     variants = _isa_variants()
-    sources = ["csrc/ops.cpp", "csrc/binding.cpp", "csrc/cpu/isa.cpp", *CPU_ISA_SOURCES]
+    sources = ["csrc/module.cpp", "csrc/ops.cpp", "csrc/stable.cpp", "csrc/binding.cpp", "csrc/cpu/isa.cpp"]
+    sources += CPU_ISA_SOURCES
     sources += ["csrc/binding_optim.cpp"]  # the fused optimizer steps (their CPU kernel is in CPU_ISA_SOURCES)
     define = [
         f'-DGRADACC_TORCH_VERSION="{torch_version}"',
         f'-DGRADACC_CUDA_VERSION="{cuda_version or ""}"',
         f'-DGRADACC_ARCH_LIST="{arch_list if use_cuda else ""}"',
+        # LibTorch stable ABI only, as torch 2.11 offers it: the binary loads in every torch from 2.11 on
+        # (issue 22). The headers are the building torch's; anything newer than 2.11 fails to compile.
+        f"-DTORCH_TARGET_VERSION={STABLE_TARGET_HEX}",
     ]
     # -ffp-contract=off: the element math must not be fused into FMAs on the
     # host either, so CPU results match the CUDA kernels bit for bit.
     # -fno-math-errno: sqrt (the AdamW step's) may then vectorise; IEEE sqrt is exact either way.
     cxx = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-math-errno", *define]
-    # at::parallel_for is a header template: compiled without -fopenmp it runs every loop on the calling
-    # thread, whatever torch.set_num_threads says. With it, the CPU kernels join torch's OpenMP pool (the
-    # loader resolves libgomp.so.1 to the copy torch has already loaded, so there is one pool, one thread count).
+    # torch::stable::parallel_for runs the CPU kernels' loops inside libtorch, on torch's own thread pool:
+    # no -fopenmp here.
     link = []
-    if torch.backends.openmp.is_available() and sys.platform.startswith("linux"):
-        cxx.append("-fopenmp")
-        link.append("-fopenmp")
     if variants:
         cxx.append("-DGRADACC_CPU_X86_VARIANTS")
     if use_cuda:
@@ -149,11 +152,14 @@ def _extensions():
         ext = CUDAExtension(
             "gradacc_ext._C",
             sources,
-            extra_compile_args={"cxx": cxx + ["-DGRADACC_WITH_CUDA"], "nvcc": nvcc},
+            extra_compile_args={"cxx": cxx + ["-DGRADACC_WITH_CUDA", "-DUSE_CUDA"], "nvcc": nvcc},
             extra_link_args=link,
+            py_limited_api=True,
         )
     else:
-        ext = CppExtension("gradacc_ext._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=link)
+        ext = CppExtension(
+            "gradacc_ext._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=link, py_limited_api=True
+        )
 
     _write_build_config(
         {
@@ -162,10 +168,14 @@ def _extensions():
             "cuda_version": cuda_version,
             "arch_list": arch_list if use_cuda else None,
             "cpu_isas": ["default", *(name.removeprefix("isa_") for name in variants)],
+            "abi": "stable",
+            "min_torch_version": STABLE_TARGET,
         }
     )
     return [ext], {"build_ext": _with_isa_variants(BuildExtension, variants)}
 
 
 ext_modules, cmdclass = _extensions()
-setup(ext_modules=ext_modules, cmdclass=cmdclass)
+# One wheel for CPython 3.10 and later: the extension uses only the limited API (cp310-abi3).
+options = {"bdist_wheel": {"py_limited_api": "cp310"}} if ext_modules else {}
+setup(ext_modules=ext_modules, cmdclass=cmdclass, options=options)

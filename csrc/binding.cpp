@@ -1,7 +1,5 @@
 #include "binding.h"
 
-#include <ATen/ATen.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -9,38 +7,17 @@
 namespace gradacc::binding {
 namespace {
 
-std::string device_name(const at::Tensor& t) { return t.device().str(); }
-
-// Names as Python spells them (torch.float64, torch.sparse_coo), so both
-// backends' messages are identical (gradacc_ext/ops/_checks.py prints the
-// Python objects).
-std::string dtype_name(at::ScalarType st) { return "torch." + std::string(c10::getDtypeNames(st).first); }
-
-std::string layout_name(at::Layout layout) {
-  switch (layout) {
-    case at::kStrided: return "torch.strided";
-    case at::kSparse: return "torch.sparse_coo";
-    case at::kSparseCsr: return "torch.sparse_csr";
-    case at::kSparseCsc: return "torch.sparse_csc";
-    case at::kSparseBsr: return "torch.sparse_bsr";
-    case at::kSparseBsc: return "torch.sparse_bsc";
-    case at::kMkldnn: return "torch._mkldnn";
-    case at::kJagged: return "torch.jagged";
-    default: return "layout " + std::to_string(int(layout));
-  }
-}
-
-DType to_dtype(const char* op, const char* arg, int64_t i, const at::Tensor& t, Use use) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kDouble:
+DType to_dtype(const char* op, const char* arg, int64_t i, const Tensor& t, Use use) {
+  switch (dtype_of(t)) {
+    case ScalarType::Float: return DType::kFloat32;
+    case ScalarType::Half: return DType::kFloat16;
+    case ScalarType::BFloat16: return DType::kBFloat16;
+    case ScalarType::Double:
       if (use != Use::kPaired) return DType::kFloat64;
       [[fallthrough]];
     default:
-      TORCH_CHECK_TYPE(false, op, ": ", arg, "[", i, "] has dtype ", dtype_name(t.scalar_type()), "; expected ",
-                       use == Use::kPaired ? "float32, float16 or bfloat16" : "float32, float16, bfloat16 or float64");
+      fail(op, ": ", arg, "[", i, "] has dtype ", dtype_name(t.scalar_type()), "; expected ",
+           use == Use::kPaired ? "float32, float16 or bfloat16" : "float32, float16, bfloat16 or float64");
   }
 }
 
@@ -49,12 +26,12 @@ DType to_dtype(const char* op, const char* arg, int64_t i, const at::Tensor& t, 
 NormKind to_fast_norm_kind(const char* op, double norm_type) {
   if (norm_type == 2.0) return NormKind::kL2;
   if (std::isinf(norm_type) && norm_type > 0) return NormKind::kInf;
-  TORCH_CHECK_VALUE(false, op, ": norm_type must be 2.0 or inf, got ", norm_type);
+  fail(op, ": norm_type must be 2.0 or inf, got ", norm_type);
 }
 
 // Any order torch.linalg.vector_norm takes.
 NormKind to_norm_kind(const char* op, double norm_type) {
-  TORCH_CHECK_VALUE(!std::isnan(norm_type), op, ": norm_type must be a number or +-inf, got ", norm_type);
+  GRADACC_CHECK(!std::isnan(norm_type), op, ": norm_type must be a number or +-inf, got ", norm_type);
   if (norm_type == 2.0) return NormKind::kL2;
   if (std::isinf(norm_type)) return norm_type > 0 ? NormKind::kInf : NormKind::kNegInf;
   if (norm_type == 0.0) return NormKind::kZero;
@@ -62,20 +39,20 @@ NormKind to_norm_kind(const char* op, double norm_type) {
   return NormKind::kP;
 }
 
-DType to_scalar_dtype(const char* op, const char* arg, const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kDouble: return DType::kFloat64;
+DType to_scalar_dtype(const char* op, const char* arg, const Tensor& t) {
+  switch (dtype_of(t)) {
+    case ScalarType::Float: return DType::kFloat32;
+    case ScalarType::Half: return DType::kFloat16;
+    case ScalarType::BFloat16: return DType::kBFloat16;
+    case ScalarType::Double: return DType::kFloat64;
     default:
-      TORCH_CHECK_TYPE(false, op, ": ", arg, " has dtype ", dtype_name(t.scalar_type()),
-                       "; expected a one-element floating-point tensor");
+      fail(op, ": ", arg, " has dtype ", dtype_name(t.scalar_type()),
+           "; expected a one-element floating-point tensor");
   }
 }
 
 void check_finite_scalar(const char* op, const char* arg, double v) {
-  TORCH_CHECK_VALUE(std::isfinite(v), op, ": ", arg, " must be finite, got ", v);
+  GRADACC_CHECK(std::isfinite(v), op, ": ", arg, " must be finite, got ", v);
 }
 
 // The kernels compute in float32: a finite double beyond its range would turn
@@ -83,8 +60,8 @@ void check_finite_scalar(const char* op, const char* arg, double v) {
 // NaN pass through; the op's own checks decide whether they are allowed.
 float to_float(const char* op, const char* arg, double v) {
   constexpr double kMax = std::numeric_limits<float>::max();
-  TORCH_CHECK_VALUE(!std::isfinite(v) || std::fabs(v) <= kMax, op, ": ", arg, " = ", v,
-                    " does not fit in float32, the kernels' type; expected |", arg, "| <= ", kMax);
+  GRADACC_CHECK(!std::isfinite(v) || std::fabs(v) <= kMax, op, ": ", arg, " = ", v,
+                " does not fit in float32, the kernels' type; expected |", arg, "| <= ", kMax);
   return float(v);
 }
 
@@ -103,26 +80,27 @@ double list_value(const char* op, const char* arg, double v, const std::vector<S
 
 // ---- the per-tensor checks, shared with binding_optim.cpp (declared in binding.h) ----
 
-Span check_tensor(const char* op, const char* arg, int64_t i, const at::Tensor& t, const at::Device& device,
+Span check_tensor(const char* op, const char* arg, int64_t i, const Tensor& t, const Device& device,
                   Use use) {
-  TORCH_CHECK_VALUE(t.defined(), op, ": ", arg, "[", i, "] is undefined (None)");
-  TORCH_CHECK_VALUE(t.layout() == at::kStrided, op, ": ", arg, "[", i, "] has layout ", layout_name(t.layout()),
-                    "; expected a dense (strided) tensor");
-  TORCH_CHECK_VALUE(t.device() == device, op, ": ", arg, "[", i, "] is on ", device_name(t),
-                    " but the tensors are on ", device.str(), "; all tensors must be on one device");
+  GRADACC_CHECK(t.defined(), op, ": ", arg, "[", i, "] is undefined (None)");
+  GRADACC_CHECK(is_strided(t), op, ": ", arg, "[", i, "] has layout ", layout_name(t.layout()),
+                "; expected a dense (strided) tensor");
+  GRADACC_CHECK(device_of(t) == device, op, ": ", arg, "[", i, "] is on ", device_name(t.device()),
+                " but the tensors are on ", device_name(device), "; all tensors must be on one device");
   const DType dtype = to_dtype(op, arg, i, t, use);
   if (use == Use::kSingleList) {
-    TORCH_CHECK_VALUE(t.is_non_overlapping_and_dense(), op, ": ", arg, "[", i, "] is not dense (sizes ", t.sizes(),
-                      ", strides ", t.strides(), "); expected a dense non-overlapping tensor, such as a contiguous "
-                      "or channels_last one");
+    // is_contiguous() first: one shim call instead of the four of sizes() and strides().
+    GRADACC_CHECK(t.is_contiguous() || is_non_overlapping_and_dense(t), op, ": ", arg, "[", i,
+                  "] is not dense (sizes ", shape_str(t.sizes()), ", strides ", shape_str(t.strides()),
+                  "); expected a dense non-overlapping tensor, such as a contiguous or channels_last one");
   } else {
-    TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", arg, "[", i, "] is not contiguous (sizes ", t.sizes(),
-                      ", strides ", t.strides(), "); expected a contiguous tensor");
+    GRADACC_CHECK(t.is_contiguous(), op, ": ", arg, "[", i, "] is not contiguous (sizes ", shape_str(t.sizes()),
+                  ", strides ", shape_str(t.strides()), "); expected a contiguous tensor");
   }
   return Span{t.data_ptr(), t.numel(), dtype};
 }
 
-std::vector<Span> check_list(const char* op, const char* arg, at::TensorList list, const at::Device& device,
+std::vector<Span> check_list(const char* op, const char* arg, const TensorList& list, const Device& device,
                              Use use) {
   std::vector<Span> spans;
   spans.reserve(list.size());
@@ -132,42 +110,42 @@ std::vector<Span> check_list(const char* op, const char* arg, at::TensorList lis
   return spans;
 }
 
-void check_scalar(const char* op, const char* arg, const at::Tensor& t, const at::Device& device) {
-  TORCH_CHECK_VALUE(t.defined(), op, ": ", arg, " is undefined (None)");
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, op, ": ", arg, " has dtype ", dtype_name(t.scalar_type()),
-                   "; expected a one-element float32 tensor");
-  TORCH_CHECK_VALUE(t.layout() == at::kStrided && t.numel() == 1, op, ": ", arg, " has ", t.numel(),
-                    " elements; expected a one-element float32 tensor");
-  TORCH_CHECK_VALUE(t.device() == device, op, ": ", arg, " is on ", device_name(t), " but the tensors are on ",
-                    device.str(), "; expected it on the same device");
+void check_scalar(const char* op, const char* arg, const Tensor& t, const Device& device) {
+  GRADACC_CHECK(t.defined(), op, ": ", arg, " is undefined (None)");
+  GRADACC_CHECK(dtype_of(t) == ScalarType::Float, op, ": ", arg, " has dtype ", dtype_name(t.scalar_type()),
+                "; expected a one-element float32 tensor");
+  GRADACC_CHECK(is_strided(t) && t.numel() == 1, op, ": ", arg, " has ", t.numel(),
+                " elements; expected a one-element float32 tensor");
+  GRADACC_CHECK(device_of(t) == device, op, ": ", arg, " is on ", device_name(t.device()), " but the tensors are on ",
+                device_name(device), "; expected it on the same device");
 }
 
-void check_same_shape(const char* op, const char* arg, int64_t i, const at::Tensor& t, const char* ref_arg,
-                      const at::Tensor& ref) {
-  TORCH_CHECK_VALUE(t.sizes() == ref.sizes(), op, ": ", arg, "[", i, "] has shape ", t.sizes(), " but ", ref_arg, "[",
-                    i, "] has shape ", ref.sizes(), "; expected equal shapes");
+void check_same_shape(const char* op, const char* arg, int64_t i, const Tensor& t, const char* ref_arg,
+                      const Tensor& ref) {
+  GRADACC_CHECK(t.sizes().equals(ref.sizes()), op, ": ", arg, "[", i, "] has shape ", shape_str(t.sizes()), " but ",
+                ref_arg, "[", i, "] has shape ", shape_str(ref.sizes()), "; expected equal shapes");
 }
 
-void check_pair_dtype(bool ok, const char* op, const char* arg, int64_t i, const at::Tensor& t, const char* ref_arg,
-                      const at::Tensor& ref, const char* expected) {
-  TORCH_CHECK_TYPE(ok, op, ": ", arg, "[", i, "] has dtype ", dtype_name(t.scalar_type()), " but ", ref_arg, "[", i,
-                   "] has dtype ", dtype_name(ref.scalar_type()), "; expected ", expected);
+void check_pair_dtype(bool ok, const char* op, const char* arg, int64_t i, const Tensor& t, const char* ref_arg,
+                      const Tensor& ref, const char* expected) {
+  GRADACC_CHECK(ok, op, ": ", arg, "[", i, "] has dtype ", dtype_name(t.scalar_type()), " but ", ref_arg, "[", i,
+                "] has dtype ", dtype_name(ref.scalar_type()), "; expected ", expected);
 }
 
-at::Device list_device(at::TensorList list, const at::Tensor* fallback) {
+Device list_device(const TensorList& list, const Tensor* fallback) {
   for (const auto& t : list) {
-    if (t.defined()) return t.device();
+    if (t.defined()) return device_of(t);
   }
-  return fallback != nullptr ? fallback->device() : at::Device(at::kCPU);
+  return fallback != nullptr ? device_of(*fallback) : Device(torch::headeronly::DeviceType::CPU);
 }
 
 // ---- the ops ----
 
-AccumulateParams accumulate_params(const char* op, at::TensorList bufs, at::TensorList grads, double alpha,
-                                   const std::optional<at::Tensor>& alpha_tensor, bool assign) {
-  TORCH_CHECK_VALUE(bufs.size() == grads.size(), op, ": bufs and grads must have the same length, got ",
-                    bufs.size(), " and ", grads.size());
-  const at::Device device = list_device(bufs, alpha_tensor ? &*alpha_tensor : nullptr);
+AccumulateParams accumulate_params(const char* op, const TensorList& bufs, const TensorList& grads, double alpha,
+                                   const std::optional<Tensor>& alpha_tensor, bool assign) {
+  GRADACC_CHECK(bufs.size() == grads.size(), op, ": bufs and grads must have the same length, got ",
+                bufs.size(), " and ", grads.size());
+  const Device device = list_device(bufs, alpha_tensor ? &*alpha_tensor : nullptr);
   AccumulateParams p;
   p.bufs = check_list(op, "bufs", bufs, device, Use::kPaired);
   p.grads = check_list(op, "grads", grads, device, Use::kPaired);
@@ -179,33 +157,33 @@ AccumulateParams accumulate_params(const char* op, at::TensorList bufs, at::Tens
   check_finite_scalar(op, "alpha", alpha);
   if (alpha_tensor) {
     check_scalar(op, "alpha_tensor", *alpha_tensor, device);
-    p.alpha_ptr = alpha_tensor->data_ptr<float>();
+    p.alpha_ptr = alpha_tensor->mutable_data_ptr<float>();
   }
   p.alpha = to_float(op, "alpha", alpha);
   p.assign = assign;
   return p;
 }
 
-AccumulateParams accumulate_final_params(const char* op, at::TensorList bufs, at::TensorList grads, double alpha,
-                                         const std::optional<at::Tensor>& alpha_tensor, bool assign,
-                                         const std::optional<at::Tensor>& inv_scale, const at::Tensor& found_inf,
-                                         const at::Tensor& norm_out, double norm_type) {
+AccumulateParams accumulate_final_params(const char* op, const TensorList& bufs, const TensorList& grads, double alpha,
+                                         const std::optional<Tensor>& alpha_tensor, bool assign,
+                                         const std::optional<Tensor>& inv_scale, const Tensor& found_inf,
+                                         const Tensor& norm_out, double norm_type) {
   AccumulateParams p = accumulate_params(op, bufs, grads, alpha, alpha_tensor, assign);
-  const at::Device device = list_device(bufs, &norm_out);
+  const Device device = list_device(bufs, &norm_out);
   check_scalar(op, "found_inf", found_inf, device);
   check_scalar(op, "norm_out", norm_out, device);
   if (inv_scale) {
     check_scalar(op, "inv_scale", *inv_scale, device);
-    p.inv_scale_ptr = inv_scale->data_ptr<float>();
+    p.inv_scale_ptr = inv_scale->mutable_data_ptr<float>();
   }
   p.final_step = true;
-  p.found_inf = found_inf.data_ptr<float>();
-  p.norm_out = norm_out.data_ptr<float>();
+  p.found_inf = found_inf.mutable_data_ptr<float>();
+  p.norm_out = norm_out.mutable_data_ptr<float>();
   p.norm_kind = to_fast_norm_kind(op, norm_type);
   return p;
 }
 
-NormParams norm_params(const char* op, at::TensorList tensors, double norm_type) {
+NormParams norm_params(const char* op, const TensorList& tensors, double norm_type) {
   NormParams p;
   p.tensors = check_list(op, "tensors", tensors, list_device(tensors, nullptr), Use::kSingleList);
   p.norm_kind = to_norm_kind(op, norm_type);
@@ -214,44 +192,45 @@ NormParams norm_params(const char* op, at::TensorList tensors, double norm_type)
   return p;
 }
 
-std::pair<at::Tensor, at::Tensor> norm_outputs(at::TensorList tensors, bool per_tensor, NormParams& params) {
-  const auto dtype = params.wide ? at::kDouble : at::kFloat;
-  const auto options = at::TensorOptions().dtype(dtype).device(list_device(tensors, nullptr));
-  at::Tensor total = at::empty({}, options);
-  at::Tensor each = at::empty({per_tensor ? int64_t(tensors.size()) : 0}, options);
+std::pair<Tensor, Tensor> norm_outputs(const TensorList& tensors, bool per_tensor, NormParams& params) {
+  const ScalarType dtype = params.wide ? ScalarType::Double : ScalarType::Float;
+  const Device device = list_device(tensors, nullptr);
+  const std::vector<int64_t> scalar, each_size{per_tensor ? int64_t(tensors.size()) : 0};
+  Tensor total = torch::stable::empty(scalar, dtype, std::nullopt, device);
+  Tensor each = torch::stable::empty(each_size, dtype, std::nullopt, device);
   params.total_out = total.data_ptr();
   params.per_tensor_out = per_tensor ? each.data_ptr() : nullptr;
   return {total, each};
 }
 
-ScaleParams unscale_params(const char* op, at::TensorList tensors, const at::Tensor& inv_scale,
-                           const at::Tensor& found_inf) {
-  const at::Device device = list_device(tensors, &found_inf);
+ScaleParams unscale_params(const char* op, const TensorList& tensors, const Tensor& inv_scale,
+                           const Tensor& found_inf) {
+  const Device device = list_device(tensors, &found_inf);
   ScaleParams p;
   p.tensors = check_list(op, "tensors", tensors, device, Use::kPaired);
   check_scalar(op, "inv_scale", inv_scale, device);
   check_scalar(op, "found_inf", found_inf, device);
   p.mode = ScaleMode::kUnscale;
-  p.inv_scale_ptr = inv_scale.data_ptr<float>();
-  p.found_inf = found_inf.data_ptr<float>();
+  p.inv_scale_ptr = inv_scale.mutable_data_ptr<float>();
+  p.found_inf = found_inf.mutable_data_ptr<float>();
   return p;
 }
 
-ScaleParams clip_norm_params(const char* op, at::TensorList tensors, const at::Tensor& total_norm, double max_norm,
+ScaleParams clip_norm_params(const char* op, const TensorList& tensors, const Tensor& total_norm, double max_norm,
                              double eps) {
-  const at::Device device = list_device(tensors, &total_norm);
+  const Device device = list_device(tensors, &total_norm);
   ScaleParams p;
   p.tensors = check_list(op, "tensors", tensors, device, Use::kSingleList);
   // total_norm: one element of any float dtype (torch's get_total_norm returns the grads' dtype).
-  TORCH_CHECK_VALUE(total_norm.defined(), op, ": total_norm is undefined (None)");
+  GRADACC_CHECK(total_norm.defined(), op, ": total_norm is undefined (None)");
   const DType norm_dtype = to_scalar_dtype(op, "total_norm", total_norm);
-  TORCH_CHECK_VALUE(total_norm.layout() == at::kStrided && total_norm.numel() == 1, op, ": total_norm has ",
-                    total_norm.numel(), " elements; expected a one-element floating-point tensor");
-  TORCH_CHECK_VALUE(total_norm.device() == device, op, ": total_norm is on ", device_name(total_norm),
-                    " but the tensors are on ", device.str(), "; expected it on the same device");
+  GRADACC_CHECK(is_strided(total_norm) && total_norm.numel() == 1, op, ": total_norm has ",
+                total_norm.numel(), " elements; expected a one-element floating-point tensor");
+  GRADACC_CHECK(device_of(total_norm) == device, op, ": total_norm is on ", device_name(total_norm.device()),
+                " but the tensors are on ", device_name(device), "; expected it on the same device");
   // inf measures without clipping, 0 zeroes the tensors: torch's semantics.
-  TORCH_CHECK_VALUE(max_norm >= 0, op, ": max_norm must be >= 0 (inf allowed), got ", max_norm);
-  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
+  GRADACC_CHECK(max_norm >= 0, op, ": max_norm must be >= 0 (inf allowed), got ", max_norm);
+  GRADACC_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
   p.mode = ScaleMode::kClipNorm;
   p.norm_ptr = total_norm.data_ptr();
   p.norm_dtype = norm_dtype;
@@ -260,11 +239,11 @@ ScaleParams clip_norm_params(const char* op, at::TensorList tensors, const at::T
   return p;
 }
 
-ScaleParams clip_value_params(const char* op, at::TensorList tensors, double clip_value) {
+ScaleParams clip_value_params(const char* op, const TensorList& tensors, double clip_value) {
   ScaleParams p;
   p.tensors = check_list(op, "tensors", tensors, list_device(tensors, nullptr), Use::kSingleList);
   // 0 zeroes, inf keeps, a negative value sets every element to it: torch.clamp's semantics.
-  TORCH_CHECK_VALUE(!std::isnan(clip_value), op, ": clip_value must not be NaN, got ", clip_value);
+  GRADACC_CHECK(!std::isnan(clip_value), op, ": clip_value must not be NaN, got ", clip_value);
   p.mode = ScaleMode::kClipValue;
   p.clip_value = list_value(op, "clip_value", clip_value, p.tensors);
   return p;

@@ -1,44 +1,43 @@
 // The binding layer: every tensor check of every op lives here.
 //
 // Each function validates the op's arguments completely, then converts them
-// to the raw-pointer params of csrc/kernels/params.h. A bad argument throws a
-// c10::Error that names it before any kernel runs, so nothing is written on
-// an error path. The CPU (ops.cpp) and CUDA (cuda/register_cuda.cpp)
+// to the raw-pointer params of csrc/kernels/params.h. A bad argument throws
+// (GRADACC_CHECK) a message that names it before any kernel runs, so nothing
+// is written on an error path. The CPU (ops.cpp) and CUDA (cuda/register_cuda.cpp)
 // registrations call these and then hand the params to their kernels.
 #pragma once
-
-#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <vector>
 
 #include "kernels/params.h"
+#include "stable.h"
 
 namespace gradacc::binding {
 
-AccumulateParams accumulate_params(const char* op, at::TensorList bufs, at::TensorList grads, double alpha,
-                                   const std::optional<at::Tensor>& alpha_tensor, bool assign);
+AccumulateParams accumulate_params(const char* op, const TensorList& bufs, const TensorList& grads, double alpha,
+                                   const std::optional<Tensor>& alpha_tensor, bool assign);
 
 // accumulate_params plus the final micro-step's unscale, found-inf and norm.
-AccumulateParams accumulate_final_params(const char* op, at::TensorList bufs, at::TensorList grads, double alpha,
-                                         const std::optional<at::Tensor>& alpha_tensor, bool assign,
-                                         const std::optional<at::Tensor>& inv_scale, const at::Tensor& found_inf,
-                                         const at::Tensor& norm_out, double norm_type);
+AccumulateParams accumulate_final_params(const char* op, const TensorList& bufs, const TensorList& grads, double alpha,
+                                         const std::optional<Tensor>& alpha_tensor, bool assign,
+                                         const std::optional<Tensor>& inv_scale, const Tensor& found_inf,
+                                         const Tensor& norm_out, double norm_type);
 
 // Checks the list and the norm type; the outputs are allocated by the caller
 // afterwards with norm_outputs().
-NormParams norm_params(const char* op, at::TensorList tensors, double norm_type);
+NormParams norm_params(const char* op, const TensorList& tensors, double norm_type);
 
 // Allocates (total, per_tensor) outputs on the list's device, float32, or
 // float64 when the list holds a float64 tensor (params.wide), and
 // points the params at them. per_tensor is empty unless requested.
-std::pair<at::Tensor, at::Tensor> norm_outputs(at::TensorList tensors, bool per_tensor, NormParams& params);
+std::pair<Tensor, Tensor> norm_outputs(const TensorList& tensors, bool per_tensor, NormParams& params);
 
-ScaleParams unscale_params(const char* op, at::TensorList tensors, const at::Tensor& inv_scale,
-                           const at::Tensor& found_inf);
-ScaleParams clip_norm_params(const char* op, at::TensorList tensors, const at::Tensor& total_norm, double max_norm,
+ScaleParams unscale_params(const char* op, const TensorList& tensors, const Tensor& inv_scale,
+                           const Tensor& found_inf);
+ScaleParams clip_norm_params(const char* op, const TensorList& tensors, const Tensor& total_norm, double max_norm,
                              double eps);
-ScaleParams clip_value_params(const char* op, at::TensorList tensors, double clip_value);
+ScaleParams clip_value_params(const char* op, const TensorList& tensors, double clip_value);
 
 // ---- The per-tensor checks, shared by every op here and the optimizer
 // steps (binding_optim.cpp); gradacc_ext/ops/_checks.py has the same ones
@@ -53,18 +52,18 @@ enum class Use { kPaired, kSingleList, kStep };
 
 // `arg`[i], a tensor the kernels read or write as one flat block of storage
 // on `device` (every tensor of every list must be there).
-Span check_tensor(const char* op, const char* arg, int64_t i, const at::Tensor& t, const at::Device& device, Use use);
-std::vector<Span> check_list(const char* op, const char* arg, at::TensorList list, const at::Device& device, Use use);
+Span check_tensor(const char* op, const char* arg, int64_t i, const Tensor& t, const Device& device, Use use);
+std::vector<Span> check_list(const char* op, const char* arg, const TensorList& list, const Device& device, Use use);
 // `arg`[i] pairs element by element with `ref_arg`[i].
-void check_same_shape(const char* op, const char* arg, int64_t i, const at::Tensor& t, const char* ref_arg,
-                      const at::Tensor& ref);
+void check_same_shape(const char* op, const char* arg, int64_t i, const Tensor& t, const char* ref_arg,
+                      const Tensor& ref);
 // `ok`: whether `arg`[i]'s dtype goes with `ref_arg`[i]'s; `expected` says which would.
-void check_pair_dtype(bool ok, const char* op, const char* arg, int64_t i, const at::Tensor& t, const char* ref_arg,
-                      const at::Tensor& ref, const char* expected);
+void check_pair_dtype(bool ok, const char* op, const char* arg, int64_t i, const Tensor& t, const char* ref_arg,
+                      const Tensor& ref, const char* expected);
 // A one-element float32 tensor (a scale, flag, norm or step count) on `device`.
-void check_scalar(const char* op, const char* arg, const at::Tensor& t, const at::Device& device);
+void check_scalar(const char* op, const char* arg, const Tensor& t, const Device& device);
 // The device of the list's first defined tensor; `fallback`'s (an output
 // tensor; else the CPU) when there is none.
-at::Device list_device(at::TensorList list, const at::Tensor* fallback);
+Device list_device(const TensorList& list, const Tensor* fallback);
 
 }  // namespace gradacc::binding

@@ -1,15 +1,18 @@
-// Op schemas (namespace gradacc), the CPU registrations and the Python module.
+// Op schemas (namespace gradacc), the CPU registrations and the build's facts.
 //
 // Schemas live here alone; CPU kernels in cpu/, CUDA kernels in kernels/ with
 // their registration in cuda/register_cuda.cpp; fake kernels and the
 // pure-PyTorch reference in gradacc_ext/ops/_fake.py and gradacc_ext/ops/reference.py.
-#include <ATen/ATen.h>
-#include <torch/extension.h>
-#include <torch/library.h>
+// Everything goes through the LibTorch stable ABI (stable.h); module.cpp is
+// the Python module, which only loads this library.
+#include <string>
+#include <tuple>
 
 #include "binding.h"
 #include "binding_optim.h"
+#include "cpu/isa.h"
 #include "cpu/kernels_cpu.h"
+#include "stable.h"
 
 #ifndef GRADACC_TORCH_VERSION
 #define GRADACC_TORCH_VERSION "unknown"
@@ -24,41 +27,61 @@
 namespace gradacc {
 namespace {
 
-void accumulate_cpu(at::TensorList bufs, at::TensorList grads, double alpha,
-                    const std::optional<at::Tensor>& alpha_tensor, bool assign) {
+void accumulate_cpu(const TensorList& bufs, const TensorList& grads, double alpha,
+                    const std::optional<Tensor>& alpha_tensor, bool assign) {
   cpu::accumulate(binding::accumulate_params("gradacc.accumulate_", bufs, grads, alpha, alpha_tensor, assign));
 }
 
-void accumulate_final_cpu(at::TensorList bufs, at::TensorList grads, double alpha,
-                          const std::optional<at::Tensor>& alpha_tensor, bool assign,
-                          const std::optional<at::Tensor>& inv_scale, const at::Tensor& found_inf,
-                          const at::Tensor& norm_out, double norm_type) {
+void accumulate_final_cpu(const TensorList& bufs, const TensorList& grads, double alpha,
+                          const std::optional<Tensor>& alpha_tensor, bool assign,
+                          const std::optional<Tensor>& inv_scale, const Tensor& found_inf,
+                          const Tensor& norm_out, double norm_type) {
   cpu::accumulate(binding::accumulate_final_params("gradacc.accumulate_final_", bufs, grads, alpha, alpha_tensor,
                                                    assign, inv_scale, found_inf, norm_out, norm_type));
 }
 
-std::tuple<at::Tensor, at::Tensor> global_norm_cpu(at::TensorList tensors, double norm_type, bool per_tensor) {
+std::tuple<Tensor, Tensor> global_norm_cpu(const TensorList& tensors, double norm_type, bool per_tensor) {
   auto p = binding::norm_params("gradacc.global_norm", tensors, norm_type);
   auto [total, each] = binding::norm_outputs(tensors, per_tensor, p);
   cpu::norm(p);
   return {total, each};
 }
 
-void unscale_cpu(at::TensorList tensors, const at::Tensor& inv_scale, const at::Tensor& found_inf) {
+void unscale_cpu(const TensorList& tensors, const Tensor& inv_scale, const Tensor& found_inf) {
   cpu::scale(binding::unscale_params("gradacc.unscale_", tensors, inv_scale, found_inf));
 }
 
-void clip_by_norm_cpu(at::TensorList tensors, const at::Tensor& total_norm, double max_norm, double eps) {
+void clip_by_norm_cpu(const TensorList& tensors, const Tensor& total_norm, double max_norm, double eps) {
   cpu::scale(binding::clip_norm_params("gradacc.clip_by_norm_", tensors, total_norm, max_norm, eps));
 }
 
-void clip_by_value_cpu(at::TensorList tensors, double clip_value) {
+void clip_by_value_cpu(const TensorList& tensors, double clip_value) {
   cpu::scale(binding::clip_value_params("gradacc.clip_by_value_", tensors, clip_value));
 }
 
+std::string quoted(const std::string& s) { return "\"" + s + "\""; }
+
+std::string compiled_info() {
+  std::string isas;
+  for (auto isa : cpu::compiled_isas()) isas += (isas.empty() ? "" : ", ") + quoted(cpu::isa_name(isa));
+#ifdef GRADACC_WITH_CUDA
+  const char* with_cuda = "true";
+#else
+  const char* with_cuda = "false";
+#endif
+  return "{\"torch_version\": " + quoted(GRADACC_TORCH_VERSION) + ", \"cuda_version\": " +
+         quoted(GRADACC_CUDA_VERSION) + ", \"arch_list\": " + quoted(GRADACC_ARCH_LIST) +
+         ", \"with_cuda\": " + with_cuda + ", \"cpu_isas\": [" + isas + "]}";
+}
+
+std::string cpu_isa() { return cpu::isa_name(cpu::active_isa()); }
+std::string supported_cpu_isa() { return cpu::isa_name(cpu::supported_isa()); }
+void set_cpu_isa(const std::string& name) { cpu::set_active_isa(name); }
+void init_cpu_isa(const std::string& capability) { cpu::init_capability(capability); }
+
 }  // namespace
 
-TORCH_LIBRARY(gradacc, m) {
+STABLE_TORCH_LIBRARY(gradacc, m) {
   // bufs[i] = (assign ? 0 : bufs[i]) + alpha * alpha_tensor * grads[i]
   m.def("accumulate_(Tensor(a!)[] bufs, Tensor[] grads, float alpha, Tensor? alpha_tensor, bool assign) -> ()");
   // The final micro-step in one pass: accumulate, multiply by inv_scale, raise
@@ -78,50 +101,46 @@ TORCH_LIBRARY(gradacc, m) {
   // grads * grad_mult with lr * lr_tensor; all of it, step counts included, is skipped when
   // found_inf != 0. param_mode: 0 round to nearest, 1 fp32 master weights, 2 stochastic rounding (seed).
   binding::define_optim_ops(m);
+  // What this binary was built with (a JSON object), read by gradacc_ext.build_info(); the CPU kernel
+  // variant in use (csrc/cpu/isa.h), the best one this CPU allows, and a way to pick a lower one so
+  // tests can compare every variant on one machine. init_cpu_isa hands in
+  // torch.backends.cpu.get_cpu_capability(), which the stable ABI cannot ask for (the loader calls it once).
+  m.def("compiled_info() -> str");
+  m.def("cpu_isa() -> str");
+  m.def("supported_cpu_isa() -> str");
+  m.def("set_cpu_isa(str name) -> ()");
+  m.def("init_cpu_isa(str capability) -> ()");
 }
 
-void register_cpu_impls(torch::Library& m) {
-  m.impl("accumulate_", &accumulate_cpu);
-  m.impl("accumulate_final_", &accumulate_final_cpu);
-  m.impl("global_norm", &global_norm_cpu);
-  m.impl("unscale_", &unscale_cpu);
-  m.impl("clip_by_norm_", &clip_by_norm_cpu);
-  m.impl("clip_by_value_", &clip_by_value_cpu);
+void register_cpu_impls(torch::stable::detail::StableLibrary& m) {
+  m.impl("accumulate_", TORCH_BOX(&accumulate_cpu));
+  m.impl("accumulate_final_", TORCH_BOX(&accumulate_final_cpu));
+  m.impl("global_norm", TORCH_BOX(&global_norm_cpu));
+  m.impl("unscale_", TORCH_BOX(&unscale_cpu));
+  m.impl("clip_by_norm_", TORCH_BOX(&clip_by_norm_cpu));
+  m.impl("clip_by_value_", TORCH_BOX(&clip_by_value_cpu));
+  binding::impl_optim_ops<binding::run_cpu_step>(m);
 }
 
-TORCH_LIBRARY_IMPL(gradacc, CPU, m) { register_cpu_impls(m); }
+STABLE_TORCH_LIBRARY_IMPL(gradacc, CPU, m) { register_cpu_impls(m); }
 
 // A sparse tensor anywhere in the arguments routes the call to these keys.
 // These registrations never compute: the binding's layout check rejects the
 // sparse tensor by name before anything is written, instead of the
 // dispatcher's bare "could not run 'gradacc::...' with SparseCPU".
-TORCH_LIBRARY_IMPL(gradacc, SparseCPU, m) { register_cpu_impls(m); }
-TORCH_LIBRARY_IMPL(gradacc, SparseCsrCPU, m) { register_cpu_impls(m); }
-TORCH_LIBRARY_IMPL(gradacc, SparseCUDA, m) { register_cpu_impls(m); }
-TORCH_LIBRARY_IMPL(gradacc, SparseCsrCUDA, m) { register_cpu_impls(m); }
+STABLE_TORCH_LIBRARY_IMPL(gradacc, SparseCPU, m) { register_cpu_impls(m); }
+STABLE_TORCH_LIBRARY_IMPL(gradacc, SparseCsrCPU, m) { register_cpu_impls(m); }
+STABLE_TORCH_LIBRARY_IMPL(gradacc, SparseCUDA, m) { register_cpu_impls(m); }
+STABLE_TORCH_LIBRARY_IMPL(gradacc, SparseCsrCUDA, m) { register_cpu_impls(m); }
+
+// The ops without tensor arguments run whatever the device.
+STABLE_TORCH_LIBRARY_IMPL(gradacc, CompositeExplicitAutograd, m) {
+  m.impl("compiled_info", TORCH_BOX(&compiled_info));
+  m.impl("cpu_isa", TORCH_BOX(&cpu_isa));
+  m.impl("supported_cpu_isa", TORCH_BOX(&supported_cpu_isa));
+  m.impl("set_cpu_isa", TORCH_BOX(&set_cpu_isa));
+  m.impl("init_cpu_isa", TORCH_BOX(&init_cpu_isa));
+}
 
 }  // namespace gradacc
 
-// What this binary was built with, read by gradacc_ext.build_info().
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("compiled_info", [] {
-    pybind11::dict d;
-    d["torch_version"] = GRADACC_TORCH_VERSION;
-    d["cuda_version"] = GRADACC_CUDA_VERSION;
-    d["arch_list"] = GRADACC_ARCH_LIST;
-#ifdef GRADACC_WITH_CUDA
-    d["with_cuda"] = true;
-#else
-    d["with_cuda"] = false;
-#endif
-    pybind11::list isas;
-    for (auto isa : gradacc::cpu::compiled_isas()) isas.append(gradacc::cpu::isa_name(isa));
-    d["cpu_isas"] = isas;
-    return d;
-  });
-  // The CPU kernel variant in use (csrc/cpu/isa.h), and a way to pick a lower
-  // one so tests can compare every variant on one machine.
-  m.def("cpu_isa", [] { return std::string(gradacc::cpu::isa_name(gradacc::cpu::active_isa())); });
-  m.def("supported_cpu_isa", [] { return std::string(gradacc::cpu::isa_name(gradacc::cpu::supported_isa())); });
-  m.def("set_cpu_isa", &gradacc::cpu::set_active_isa, pybind11::arg("name"));
-}

@@ -6,9 +6,9 @@
 #      ptxas warning is an error, including register spills and local-memory
 #      use (a 32 KB by-value metadata struct must never land in local memory).
 #   2. csrc/cuda/register_cuda.cpp and register_optim_cuda.cpp (host C++) against the installed torch's
-#      headers, syntax only. A CPU-only torch wheel lacks one generated
-#      header, c10/cuda/impl/cuda_cmake_macros.h; a stub with its real content
-#      is put on the include path.
+#      headers, syntax only, as setup.py builds them: LibTorch stable ABI only, targeting torch 2.11
+#      (TORCH_TARGET_VERSION), with USE_CUDA for the C shim's CUDA stream call. They include no
+#      c10/cuda header, so a CPU-only torch wheel's headers suffice.
 #
 # Usage: scripts/check_cuda_compile.sh   (NVCC=/path/to/nvcc to pick nvcc;
 # `python` is the active environment's, with torch installed).
@@ -52,12 +52,11 @@ for cu in kernels optim_kernels; do
     -Xptxas -warn-spills,-warn-lmem-usage,-Werror
 done
 
-mkdir -p "$TMP/stub/c10/cuda/impl"
-printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' >"$TMP/stub/c10/cuda/impl/cuda_cmake_macros.h"
+STABLE_TARGET=0x020b000000000000  # torch 2.11: setup.py's STABLE_TARGET_HEX
 for reg in register_cuda register_optim_cuda; do
   timed "csrc/cuda/$reg.cpp ($CXX -fsyntax-only, torch headers)" \
-    "$CXX" -fsyntax-only -std=c++17 -DGRADACC_WITH_CUDA -Wall -Wextra -Werror \
-    "${TORCH_INCLUDES[@]/#/-isystem}" -isystem "$CUDA_INCLUDE" -isystem "$TMP/stub" \
+    "$CXX" -fsyntax-only -std=c++17 -DGRADACC_WITH_CUDA -DUSE_CUDA -DTORCH_TARGET_VERSION="$STABLE_TARGET" \
+    -Wall -Wextra -Werror "${TORCH_INCLUDES[@]/#/-isystem}" -isystem "$CUDA_INCLUDE" \
     "$ROOT/csrc/cuda/$reg.cpp"
 done
 echo "CUDA compile check passed"

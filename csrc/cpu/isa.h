@@ -12,8 +12,8 @@
 // GRADACC_CPU_KERNEL(name, Params): that declares `void name(const Params&)`
 // in every ISA namespace and defines gradacc::cpu::name(params), which calls
 // the variant picked once per process from ATen's CPU capability (the value
-// torch.backends.cpu.get_cpu_capability() reports; ATEN_CPU_CAPABILITY=default
-// or avx2 lowers it).
+// torch.backends.cpu.get_cpu_capability() reports, handed in by the loader;
+// ATEN_CPU_CAPABILITY=default or avx2 lowers it).
 //
 // A new kernel file joins with three one-line changes (csrc/cpu/optim_cpu.cpp
 // did): list it in CPU_ISA_SOURCES in setup.py, open its namespace as
@@ -43,8 +43,12 @@ Isa active_isa();
 const char* isa_name(Isa isa);
 // Every variant in this binary, lowest first.
 std::vector<Isa> compiled_isas();
-// The best compiled variant this CPU and ATen's capability allow.
+// The best compiled variant this CPU and ATen's capability allow; before
+// init_capability, the baseline.
 Isa supported_isa();
+// Records torch.backends.cpu.get_cpu_capability() ("DEFAULT", "AVX2",
+// "AVX512"), which the stable ABI cannot query; the loader calls it once.
+void init_capability(const std::string& aten_capability);
 // Picks the variant by name ("default", "avx2", "avx512") for tests and
 // benchmarks; throws if it is not compiled in or above supported_isa().
 void set_active_isa(const std::string& name);

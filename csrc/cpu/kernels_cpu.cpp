@@ -1,10 +1,10 @@
 // CPU kernels. Work is split into the chunks of csrc/kernels/chunking.h and
-// run with at::parallel_for; each chunk keeps its own norm partial, and the
+// run with torch::stable::parallel_for; each chunk keeps its own norm partial, and the
 // partials are merged in chunk order, so results do not depend on threads.
 // Compiled once per ISA into namespace GRADACC_CPU_ISA (isa.h, setup.py).
 #include "kernels_cpu.h"
 
-#include <ATen/Parallel.h>
+#include <torch/csrc/stable/ops.h>
 
 #include <algorithm>
 #include <atomic>
@@ -57,7 +57,7 @@ void for_each_chunk(const SpanVec& spans, const std::vector<ChunkRef>& chunks, F
     starts[c] = total;
     total += std::min(kChunkElems, spans[chunks[c].tensor].numel - chunks[c].first_elem);
   }
-  at::parallel_for(0, total, kParallelGrain, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, total, kParallelGrain, [&](int64_t begin, int64_t end) {
     const auto first = std::lower_bound(starts.begin(), starts.end(), begin) - starts.begin();
     const auto last = std::lower_bound(starts.begin(), starts.end(), end) - starts.begin();
     for (int64_t c = first; c < last; ++c) chunk_fn(c, chunks[c]);

@@ -5,7 +5,7 @@
 // Compiled once per ISA into namespace GRADACC_CPU_ISA (isa.h, setup.py).
 #include "optim_cpu.h"
 
-#include <ATen/Parallel.h>
+#include <torch/csrc/stable/ops.h>
 
 #include <algorithm>
 #include <type_traits>
@@ -63,7 +63,7 @@ void optim_step(const OptimParams& p) {
   const auto chunks = list_chunks(p.params);
   auto step_of = [&](size_t t) { return p.steps.empty() ? 0.0 : double(*p.steps[p.steps.size() == 1 ? 0 : t]); };
 
-  at::parallel_for(0, int64_t(chunks.size()), 1, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, int64_t(chunks.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       const ChunkRef ref = chunks[c];
       const size_t t = size_t(ref.tensor);

@@ -9,7 +9,7 @@ import torch
 
 from .. import __version__, build_info
 from ..ops import coverage as gpu_coverage
-from ..ops import resolve_backend
+from ..ops import resolve_backend, runs_with
 from ..ops.optim_args import RECORDS
 
 OPS = (
@@ -45,7 +45,10 @@ def collect() -> dict[str, Any]:
         "torch": {
             "built": build["built_torch_version"],
             "running": build["running_torch_version"],
-            "match": build["built_torch_version"] == running_torch,
+            # A stable-ABI build loads in every torch from its minimum on (issue 22).
+            "abi": build["abi"],
+            "min": build["min_torch_version"],
+            "match": runs_with(running_torch, build["min_torch_version"]),
         },
         "cuda": {
             "built": build["built_cuda_version"],
@@ -70,8 +73,9 @@ def render(info: dict[str, Any]) -> str:
     lines = [
         f"gradacc_ext {info['version']}",
         f"extension:  {'loaded' if info['extension_loaded'] else 'NOT loaded'} ({info['load_reason']})",
-        f"torch:      built {torch_info['built'] or '-'}, running {torch_info['running']}"
-        + ("" if torch_info["match"] or not torch_info["built"] else "  <- MISMATCH"),
+        f"torch:      {torch_info['abi'] or '-'} ABI, built with torch {torch_info['built'] or '-'}, runs with torch "
+        f">= {torch_info['min'] or '-'}; running {torch_info['running']}"
+        + ("" if torch_info["match"] or not torch_info["built"] else "  <- TOO OLD"),
         f"CUDA:       built {cuda_info['built'] or 'none (CPU-only build)'}, running {cuda_info['running'] or 'none'}"
         f", GPU available: {'yes' if cuda_info['available'] else 'no'}",
         f"GPU archs:  compiled {info['arch_list'] or 'none'}",

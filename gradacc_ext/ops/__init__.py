@@ -6,7 +6,7 @@ every backend; `_fake` registers the fake kernels; `_loader` loads the compiled 
 """
 
 from ._checks import is_dense
-from ._loader import build_info, extension_has_cuda, extension_loaded
+from ._loader import build_info, extension_has_cuda, extension_loaded, runs_with
 from .api import (
     BACKENDS,
     DEFAULT_EPS,
@@ -47,6 +47,7 @@ __all__ = [
     "lion_step_",
     "register_fake_kernels",
     "resolve_backend",
+    "runs_with",
     "sgd_step_",
     "unscale_",
 ]

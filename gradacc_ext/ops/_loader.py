@@ -1,8 +1,10 @@
 """Loads the compiled extension gradacc_ext._C, or explains why it is absent.
 
 The build records what it was built with in _build_config.py (written by
-setup.py), so a torch version mismatch is reported in words before the
-binary is loaded, instead of surfacing as an undefined-symbol trace.
+setup.py). The binary uses only the LibTorch stable ABI of torch
+``min_torch_version`` (2.11), so it loads in that torch and every later one;
+an older torch is reported in words before the binary is loaded, instead of
+surfacing as an undefined-symbol trace.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 import importlib
 import os
 import warnings
-from types import ModuleType
 from typing import Any
 
 import torch
+from torch.torch_version import TorchVersion
+
+from ._native import NativeExtension
 
 REQUIRE_ENV = "GRADACC_REQUIRE_EXT"
 DISABLE_ENV = "GRADACC_NO_EXT"
@@ -35,7 +39,12 @@ def running_torch_version() -> str:
     return torch.__version__.split("+")[0]
 
 
-def _load() -> tuple[ModuleType | None, dict[str, Any] | None, str]:
+def runs_with(torch_version: str, minimum: str | None) -> bool:
+    """Whether a stable-ABI build for torch >= `minimum` loads in `torch_version`."""
+    return TorchVersion(torch_version.split("+")[0]) >= (minimum or "2.11")
+
+
+def _load() -> tuple[NativeExtension | None, dict[str, Any] | None, str]:
     """Returns (module or None, recorded build config, reason for the state)."""
     config = _recorded_config()
     if _flag(DISABLE_ENV):
@@ -44,17 +53,17 @@ def _load() -> tuple[ModuleType | None, dict[str, Any] | None, str]:
         return None, None, "gradacc_ext was not built (no _build_config.py)"
     if not config.get("extension"):
         return None, config, "gradacc_ext was installed without its extension (GRADACC_NO_EXT=1 at build time)"
-    built, running = config.get("torch_version"), running_torch_version()
-    if built != running:
+    minimum, running = config.get("min_torch_version") or "2.11", running_torch_version()
+    if not runs_with(running, minimum):
         return (
             None,
             config,
-            f"gradacc_ext._C was built against torch {built} but torch {running} is running; "
-            "rebuild it with `pip install --no-build-isolation -e .` (or reinstall a matching wheel)",
+            f"gradacc_ext._C uses the LibTorch stable ABI of torch >= {minimum} but torch {running} is running; "
+            f"upgrade torch to {minimum} or later",
         )
     try:
-        module = importlib.import_module("gradacc_ext._C")
-    except (ImportError, OSError) as exc:
+        module = NativeExtension(importlib.import_module("gradacc_ext._C"))
+    except (ImportError, OSError, RuntimeError) as exc:
         rebuild = "rebuild with `pip install --no-build-isolation -e .`"
         return None, config, f"gradacc_ext._C failed to load ({exc}); {rebuild}"
     return module, config, "compiled extension loaded"
@@ -86,6 +95,9 @@ def build_info() -> dict[str, Any]:
         "reason": LOAD_REASON,
         "built_torch_version": (BUILD_CONFIG or {}).get("torch_version"),
         "built_cuda_version": (BUILD_CONFIG or {}).get("cuda_version"),
+        # The binary's ABI ("stable": LibTorch stable ABI) and the oldest torch it loads in.
+        "abi": (BUILD_CONFIG or {}).get("abi"),
+        "min_torch_version": (BUILD_CONFIG or {}).get("min_torch_version"),
         "arch_list": (BUILD_CONFIG or {}).get("arch_list"),
         "with_cuda": bool(compiled and compiled["with_cuda"]),
         # CPU kernel variants in the binary and the one in use (csrc/cpu/isa.h)

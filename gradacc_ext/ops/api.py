@@ -67,8 +67,9 @@ def _run(
     """Calls op `name` on the chosen backend.
 
     The compiled ops check their arguments in C++ (csrc/binding.cpp), which
-    costs microseconds even for thousands of tensors; the reference path runs
-    the equivalent Python checks first. Either way nothing is written when an
+    costs microseconds even for thousands of tensors, and only after one fails
+    run the equivalent Python checks, for the error's type; the reference path
+    runs those checks first. Either way nothing is written when an
     argument is rejected. `on_empty` is the result for empty lists (nothing to
     launch): their arguments, backend included, are still checked.
     `reference_impl` is the module holding the op's pure-PyTorch reference, called with
@@ -79,7 +80,13 @@ def _run(
         validate()
         return on_empty()
     if chosen == "ext":
-        return getattr(torch.ops.gradacc, name)(*args)
+        try:
+            return getattr(torch.ops.gradacc, name)(*args)
+        except RuntimeError:
+            # The stable ABI turns every C++ error into a RuntimeError. The Python checks are the C++
+            # ones (same order, same messages): re-run them for the contract's ValueError/TypeError.
+            validate()
+            raise
     validate()
     return getattr(reference_impl, name)(*(args if reference_args is None else reference_args))
 

@@ -65,7 +65,9 @@ def test_info_json_matches_build_info():
     assert info["torch"] == {
         "built": build["built_torch_version"],
         "running": torch.__version__,
-        "match": build["built_torch_version"] == torch.__version__.split("+")[0],
+        "abi": "stable",
+        "min": build["min_torch_version"],
+        "match": True,
     }
     assert info["arch_list"] == build["arch_list"]
     assert set(info["backends"]["cpu"]) == set(envinfo.OPS)

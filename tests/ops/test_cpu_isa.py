@@ -227,11 +227,8 @@ def test_binary_keeps_avx_inside_the_variants():
 
 
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump is not installed")
-@pytest.mark.skipif(
-    not (torch.backends.openmp.is_available() and platform.system() == "Linux"), reason="torch without OpenMP"
-)
-def test_binary_runs_parallel_for_on_torchs_openmp_pool():
-    """at::parallel_for's threads live in its header: compiled without -fopenmp, every CPU kernel ran on
-    one thread whatever torch.set_num_threads said. The binary must open OpenMP regions (GOMP_parallel)."""
+def test_binary_runs_parallel_for_on_torchs_pool():
+    """The CPU kernels split their loops with torch::stable::parallel_for, which runs them on torch's own
+    thread pool inside libtorch (so torch.set_num_threads applies): the binary must call torch_parallel_for."""
     symbols = subprocess.run(["objdump", "-T", _C.__file__], capture_output=True, text=True, check=True, timeout=60)
-    assert re.search(r"\bGOMP_parallel\b", symbols.stdout), "the CPU kernels were built without -fopenmp"
+    assert re.search(r"\btorch_parallel_for\b", symbols.stdout), "the CPU kernels do not use torch's parallel_for"

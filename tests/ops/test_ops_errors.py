@@ -283,7 +283,9 @@ CHECKED_CALLS = {
 def test_compiled_device_message_is_the_python_one(gen, op, arg, named):
     """A meta tensor beside CPU ones dispatches to the Meta kernels, which run the Python checks, so the
     tables compare the binding's "is on" message only on CUDA; here the compiled CPU kernel is called past
-    the Meta dispatch. One per-tensor check on each backend: lists and optimizer steps alike."""
+    the Meta dispatch. One per-tensor check on each backend: lists and optimizer steps alike. The stable ABI
+    carries every C++ error as a RuntimeError; its message is the Python check's, word for word (the public
+    ops re-run the Python checks for the contract's type, see test_public_op_raises_the_contract_type)."""
     require_ext("cpu")
     t = {name: [torch.randn(4, generator=gen) for _ in range(3)] for name in ("bufs", "grads", "params")}
     t["steps"] = [torch.ones(())]
@@ -292,6 +294,21 @@ def test_compiled_device_message_is_the_python_one(gen, op, arg, named):
     keys = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
     compiled = getattr(torch.ops.gradacc, op).default
     match = rf"{named}\[1\] is on meta but the tensors are on cpu"
-    assert_raise_alike(
-        [lambda: compiled.redispatch(keys, *compiled_args(t)), lambda: python_check(t)], ValueError, match
-    )
+    with pytest.raises(RuntimeError, match=match) as compiled_error:
+        compiled.redispatch(keys, *compiled_args(t))
+    with pytest.raises(ValueError, match=match) as python_error:
+        python_check(t)
+    assert str(compiled_error.value) == str(python_error.value)
+
+
+def test_public_op_raises_the_contract_type(gen):
+    """A check only the compiled kernel runs first (the public op validates in Python only after a failure)
+    still raises the contract's ValueError / TypeError, with the binding's message."""
+    require_ext("cpu")
+    bufs, grads = [torch.randn(5, generator=gen)], [torch.randn(6, generator=gen)]
+    with pytest.raises(ValueError, match=r"grads\[0\] has shape \[6\] but bufs\[0\] has shape \[5\]"):
+        gradacc_ext.accumulate_(bufs, grads, 0.5)
+    with pytest.raises(RuntimeError, match=r"grads\[0\] has shape \[6\]"):
+        torch.ops.gradacc.accumulate_(bufs, grads, 0.5, None, False)
+    with pytest.raises(TypeError, match=r"bufs\[0\] has dtype torch.float64"):
+        gradacc_ext.accumulate_([torch.randn(5, dtype=torch.float64)], [torch.randn(5)], 0.5)

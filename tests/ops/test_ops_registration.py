@@ -155,6 +155,8 @@ def test_build_info():
         "cuda_available",
         "cpu_isas",
         "cpu_isa",
+        "abi",
+        "min_torch_version",
     }
     assert info["extension_loaded"] is gradacc_ext.extension_loaded()
     assert info["with_cuda"] is gradacc_ext.extension_has_cuda()
@@ -164,7 +166,7 @@ def test_build_info():
     assert isinstance(info["reason"], str) and info["reason"]
     if info["extension_loaded"]:
         assert info["reason"] == "compiled extension loaded"
-        assert info["built_torch_version"] == _loader.running_torch_version()
+        assert info["abi"] == "stable" and info["min_torch_version"] == "2.11"
         assert info["with_cuda"] == (info["built_cuda_version"] is not None)
         assert info["cpu_isas"][0] == "default" and info["cpu_isa"] in info["cpu_isas"]
     else:
@@ -209,17 +211,31 @@ def test_auto_backend_runs_the_kernels_and_agrees_with_ext(gen):
 # ---- the loader -------------------------------------------------------------------------------
 
 
-def fake_config(torch_version: str | None, extension: bool = True) -> dict:
-    return {"extension": extension, "torch_version": torch_version, "cuda_version": None, "arch_list": None}
+def fake_config(torch_version: str | None, extension: bool = True, min_torch: str = "2.11") -> dict:
+    return {
+        "extension": extension,
+        "torch_version": torch_version,
+        "cuda_version": None,
+        "arch_list": None,
+        "abi": "stable",
+        "min_torch_version": min_torch,
+    }
 
 
-def test_loader_reports_a_torch_version_mismatch(monkeypatch):
-    monkeypatch.setattr(_loader, "_recorded_config", lambda: fake_config("1.99.0"))
+def test_loader_reports_a_torch_older_than_the_stable_abi_minimum(monkeypatch):
+    monkeypatch.setattr(_loader, "_recorded_config", lambda: fake_config("2.13.0", min_torch="99.1"))
     module, config, reason = _loader._load()  # must not raise
-    assert module is None and config["torch_version"] == "1.99.0"
+    assert module is None and config["min_torch_version"] == "99.1"
     running = _loader.running_torch_version()
-    assert f"built against torch 1.99.0 but torch {running} is running" in reason
-    assert "pip install --no-build-isolation -e ." in reason
+    assert f"uses the LibTorch stable ABI of torch >= 99.1 but torch {running} is running" in reason
+
+
+@needs_ext
+def test_loader_loads_a_build_of_another_torch(monkeypatch):
+    """The stable ABI: a binary built against another torch (2.11 or later) loads as it is."""
+    monkeypatch.setattr(_loader, "_recorded_config", lambda: fake_config("1.99.0"))
+    module, _, reason = _loader._load()
+    assert module is not None and reason == "compiled extension loaded"
 
 
 def test_loader_reports_the_other_reasons(monkeypatch):
@@ -254,12 +270,12 @@ built_with_ext = pytest.mark.skipif(
 @built_with_ext
 @pytest.mark.parametrize("require", [False, True], ids=["warn", "require"])
 def test_torch_mismatch_at_import_warns_or_fails(monkeypatch, require):
-    """A torch upgrade after the build: a clear warning naming both versions and the reference
-    fallback, or with GRADACC_REQUIRE_EXT=1 an ImportError saying the same."""
-    monkeypatch.setattr(torch, "__version__", "9.9.9+cpu")
+    """A torch older than the stable ABI the binary needs: a clear warning naming both versions and the
+    reference fallback, or with GRADACC_REQUIRE_EXT=1 an ImportError saying the same."""
+    monkeypatch.setattr(torch, "__version__", "2.10.0+cpu")
     monkeypatch.delenv(_loader.DISABLE_ENV, raising=False)
-    built = _loader.BUILD_CONFIG["torch_version"]
-    pattern = rf"built against torch {built} but torch 9\.9\.9 is running"
+    minimum = _loader.BUILD_CONFIG["min_torch_version"]
+    pattern = rf"stable ABI of torch >= {minimum} but torch 2\.10\.0 is running"
     if require:
         monkeypatch.setenv(_loader.REQUIRE_ENV, "1")
         with pytest.raises(ImportError, match=pattern):
