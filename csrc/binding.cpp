@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <utility>
 
 namespace gradacc::binding {
 namespace {
@@ -139,6 +141,41 @@ Device list_device(const TensorList& list, const Tensor* fallback) {
   return fallback != nullptr ? device_of(*fallback) : Device(torch::headeronly::DeviceType::CPU);
 }
 
+namespace {
+
+int64_t element_bytes(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat64: return 8;
+    case DType::kFloat32: return 4;
+    default: return 2;  // float16, bfloat16
+  }
+}
+
+}  // namespace
+
+void check_disjoint(const char* op, const std::vector<const std::vector<Span>*>& outputs) {
+  size_t count = 0;
+  for (const auto* list : outputs) count += list->size();
+  if (count < 2) return;
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;  // [start, end) of each output's bytes
+  ranges.reserve(count);
+  for (const auto* list : outputs) {
+    for (const Span& s : *list) {
+      if (s.data == nullptr || s.numel == 0) continue;  // no bytes: nothing to share
+      const auto start = reinterpret_cast<uintptr_t>(s.data);
+      ranges.emplace_back(start, start + uintptr_t(s.numel * element_bytes(s.dtype)));
+    }
+  }
+  std::sort(ranges.begin(), ranges.end());  // the accumulator's views come in address order: a linear pass
+  uintptr_t reach = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    GRADACC_CHECK(i == 0 || ranges[i].first >= reach, op,
+                  ": two outputs share memory (the same tensor, or overlapping views of one storage); this op "
+                  "writes its outputs in parallel, so each output may be given once and may not overlap another");
+    reach = std::max(reach, ranges[i].second);
+  }
+}
+
 // ---- the ops ----
 
 AccumulateParams accumulate_params(const char* op, const TensorList& bufs, const TensorList& grads, double alpha,
@@ -149,6 +186,7 @@ AccumulateParams accumulate_params(const char* op, const TensorList& bufs, const
   AccumulateParams p;
   p.bufs = check_list(op, "bufs", bufs, device, Use::kPaired);
   p.grads = check_list(op, "grads", grads, device, Use::kPaired);
+  check_disjoint(op, {&p.bufs});
   for (size_t i = 0; i < bufs.size(); ++i) {
     check_same_shape(op, "grads", int64_t(i), grads[i], "bufs", bufs[i]);
     const bool ok = p.bufs[i].dtype == DType::kFloat32 || p.bufs[i].dtype == p.grads[i].dtype;
@@ -208,6 +246,7 @@ ScaleParams unscale_params(const char* op, const TensorList& tensors, const Tens
   const Device device = list_device(tensors, &found_inf);
   ScaleParams p;
   p.tensors = check_list(op, "tensors", tensors, device, Use::kPaired);
+  check_disjoint(op, {&p.tensors});
   check_scalar(op, "inv_scale", inv_scale, device);
   check_scalar(op, "found_inf", found_inf, device);
   p.mode = ScaleMode::kUnscale;
@@ -221,6 +260,7 @@ ScaleParams clip_norm_params(const char* op, const TensorList& tensors, const Te
   const Device device = list_device(tensors, &total_norm);
   ScaleParams p;
   p.tensors = check_list(op, "tensors", tensors, device, Use::kSingleList);
+  check_disjoint(op, {&p.tensors});
   // total_norm: one element of any float dtype (torch's get_total_norm returns the grads' dtype).
   GRADACC_CHECK(total_norm.defined(), op, ": total_norm is undefined (None)");
   const DType norm_dtype = to_scalar_dtype(op, "total_norm", total_norm);
@@ -242,6 +282,7 @@ ScaleParams clip_norm_params(const char* op, const TensorList& tensors, const Te
 ScaleParams clip_value_params(const char* op, const TensorList& tensors, double clip_value) {
   ScaleParams p;
   p.tensors = check_list(op, "tensors", tensors, list_device(tensors, nullptr), Use::kSingleList);
+  check_disjoint(op, {&p.tensors});
   // 0 zeroes, inf keeps, a negative value sets every element to it: torch.clamp's semantics.
   GRADACC_CHECK(!std::isnan(clip_value), op, ": clip_value must not be NaN, got ", clip_value);
   p.mode = ScaleMode::kClipValue;

@@ -163,6 +163,11 @@ OptimParams checked_params(const char* op, const StepArgs<T>& a) {
     has[s] = !p.state[s].empty();
   }
   T::check_state(o, has, params.size(), rules);
+  std::vector<Span> step_spans;  // the step counts are written too (one float32 each)
+  for (float* step : p.steps) step_spans.push_back(Span{step, 1, DType::kFloat32});
+  std::vector<const std::vector<Span>*> outputs{&p.params, &p.masters, &step_spans};
+  for (int s = 0; s < T::kSlots; ++s) outputs.push_back(&p.state[s]);
+  check_disjoint(op, outputs);
   p.scalars = a.scalars;
   p.seed = a.seed;
   return p;

@@ -12,7 +12,9 @@ in-place operation" there, and the compiled ops cannot see requires_grad (the st
 getter), so they would write it silently. Under torch.no_grad() both write it, as torch's
 optimizers do.
 
-Host-side only: each tensor's byte range [data_ptr, data_ptr + nbytes) (distinct allocations never
+Both backends refuse alike: the compiled ops in C++ (csrc/binding.cpp check_disjoint, nanoseconds per tensor),
+then this module names the pair; the reference path runs it first. The leaf check stays in Python.
+Each tensor's byte range [data_ptr, data_ptr + nbytes) (distinct allocations never
 share addresses, so no storage lookup is needed), one sort, one sweep. Dense tensors (all the ops
 take) overlap in memory exactly when their ranges do. About 0.3-0.7 us of CPU per tensor (docs/traps.md).
 """
@@ -47,20 +49,27 @@ def _spans(arg: str, tensors: Sequence[torch.Tensor]) -> list[tuple[int, int, st
     return [(s, s + n, arg, i) for i, (s, n) in enumerate(zip(starts, sizes, strict=True)) if s and n]
 
 
-def check_outputs(op: str, **outputs: Sequence[torch.Tensor]) -> None:
-    """Raises when an output is an autograd leaf that requires grad (grad mode on), or when two outputs
-    (in one list or across the lists named) share memory. Tensors another check refuses (None, not
-    strided, meta) are skipped here, so that check names them."""
+def check_leaves(op: str, **outputs: Sequence[torch.Tensor]) -> None:
+    """Raises when an output is an autograd leaf that requires grad while grad mode is on (both backends; the
+    compiled ops cannot see requires_grad). Optimizers and clips run under no_grad: no pass at all there."""
+    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return
+    for arg, tensors in outputs.items():
+        for i, t in enumerate(tensors):
+            if t is not None and t.requires_grad and t.is_leaf:
+                raise RuntimeError(LEAF.format(op=op, arg=arg, i=i))
+
+
+def check_disjoint(op: str, **outputs: Sequence[torch.Tensor]) -> None:
+    """Raises when two outputs (in one list or across the lists named) share memory. Part of each op's Python
+    validation: it runs before the reference path, and after a compiled op refused the call (the binding's
+    check_disjoint finds the overlap in C++ at a few ns per tensor; this names the pair in the contract's
+    ValueError). Tensors another check refuses (None, not strided, meta) are skipped here, so that check names them."""
     if torch.compiler.is_compiling():  # traced tensors have no addresses; the eager call checks
         return
-    spans: list[tuple[int, int, str, int]] = []
-    for arg, tensors in outputs.items():
-        if torch.is_grad_enabled():  # optimizers and clips run under no_grad: no pass at all there
-            for i, t in enumerate(tensors):
-                if t is not None and t.requires_grad and t.is_leaf:
-                    raise RuntimeError(LEAF.format(op=op, arg=arg, i=i))
     if sum(len(tensors) for tensors in outputs.values()) < 2:
         return  # the accumulator folds one gradient per call: nothing to overlap with
+    spans: list[tuple[int, int, str, int]] = []
     for arg, tensors in outputs.items():
         spans += _spans(arg, tensors)
     if len(spans) < 2:
@@ -73,3 +82,9 @@ def check_outputs(op: str, **outputs: Sequence[torch.Tensor]) -> None:
             raise ValueError(SHARED.format(op=op, a=first[2], i=first[3], b=second[2], j=second[3]))
         if span[1] > reach[1]:
             reach = span
+
+
+def check_outputs(op: str, **outputs: Sequence[torch.Tensor]) -> None:
+    """Both checks at once, for a composite op that runs several kernels (clip_grad_norm_)."""
+    check_leaves(op, **outputs)
+    check_disjoint(op, **outputs)

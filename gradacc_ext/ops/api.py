@@ -127,11 +127,12 @@ def accumulate_(
     """
     op = "gradacc.accumulate_"
     bufs, grads = _as_list(op, bufs, "bufs"), _as_list(op, grads, "grads")
-    _aliasing.check_outputs(op, bufs=bufs)
+    _aliasing.check_leaves(op, bufs=bufs)
     alpha, alpha_tensor = _split_scale(scale)
     device = _checks.list_device(bufs or grads, alpha_tensor)
 
     def validate() -> None:
+        _aliasing.check_disjoint(op, bufs=bufs)
         _checks.check_accumulate(op, bufs, grads, alpha, alpha_tensor)
 
     empty = _nothing if not bufs and not grads else None
@@ -160,7 +161,7 @@ def accumulate_final_(
     """
     op = "gradacc.accumulate_final_"
     bufs, grads = _as_list(op, bufs, "bufs"), _as_list(op, grads, "grads")
-    _aliasing.check_outputs(op, bufs=bufs)
+    _aliasing.check_leaves(op, bufs=bufs)
     alpha, alpha_tensor = _split_scale(scale)
     device = _checks.list_device(bufs or grads, norm_out)
     p = float(norm_type)
@@ -168,6 +169,7 @@ def accumulate_final_(
     in_pass = p if p in (2.0, math.inf) else 2.0  # the order the one-pass kernel measures
 
     def validate() -> None:
+        _aliasing.check_disjoint(op, bufs=bufs)
         _checks.check_accumulate_final(op, bufs, grads, alpha, alpha_tensor, inv_scale, found_inf, norm_out, in_pass)
 
     empty = norm_out.zero_ if not bufs and not grads else None  # the norm of nothing is 0
@@ -219,10 +221,11 @@ def unscale_(
     """tensors *= inv_scale; found_inf = 1 if any input is non-finite (fp32, fp16, bf16)."""
     op = "gradacc.unscale_"
     tensors = _as_list(op, tensors, "tensors")
-    _aliasing.check_outputs(op, tensors=tensors)
+    _aliasing.check_leaves(op, tensors=tensors)
     device = _checks.list_device(tensors, found_inf)
 
     def validate() -> None:
+        _aliasing.check_disjoint(op, tensors=tensors)
         _checks.check_unscale(op, tensors, inv_scale, found_inf)
 
     _run("unscale_", device, backend, validate, (tensors, inv_scale, found_inf), None if tensors else _nothing)
@@ -244,13 +247,14 @@ def clip_by_norm_(
     """
     op = "gradacc.clip_by_norm_"
     tensors = _as_list(op, tensors, "tensors")
-    _aliasing.check_outputs(op, tensors=tensors)
+    _aliasing.check_leaves(op, tensors=tensors)
     if isinstance(total_norm, (int, float)):
         # float64 keeps the number exact until the kernel rounds it, like a float64 tensor.
         total_norm = torch.tensor(float(total_norm), dtype=torch.float64, device=_checks.list_device(tensors))
     device = _checks.list_device(tensors, total_norm)
 
     def validate() -> None:
+        _aliasing.check_disjoint(op, tensors=tensors)
         _checks.check_clip_by_norm(op, tensors, total_norm, float(max_norm), float(eps))
 
     args = (tensors, total_norm, float(max_norm), float(eps))
@@ -288,10 +292,11 @@ def clip_by_value_(
     negative clip_value sets every element to it; NaN stays NaN."""
     op = "gradacc.clip_by_value_"
     tensors = _as_list(op, tensors, "tensors")
-    _aliasing.check_outputs(op, tensors=tensors)
+    _aliasing.check_leaves(op, tensors=tensors)
     device = _checks.list_device(tensors)
 
     def validate() -> None:
+        _aliasing.check_disjoint(op, tensors=tensors)
         _checks.check_clip_by_value(op, tensors, float(clip_value))
 
     _run("clip_by_value_", device, backend, validate, (tensors, float(clip_value)), None if tensors else _nothing)

@@ -45,11 +45,17 @@ def _common(op: str, lr: float | torch.Tensor, maximize: bool, mode: Mode, seed:
 
 
 def _step(a: OptimStep, backend: Backend) -> None:
-    state = {name: getattr(a, name) for name, _ in a.STATE}
-    _aliasing.check_outputs(a.op, params=a.params, **state, master_params=a.master_params, steps=a.steps)
+    outputs = {"params": a.params, **{name: getattr(a, name) for name, _ in a.STATE}}
+    outputs.update(master_params=a.master_params, steps=a.steps)
+    _aliasing.check_leaves(a.op, **outputs)
+
+    def validate() -> None:
+        _aliasing.check_disjoint(a.op, **outputs)
+        check_step(a)
+
     device = list_device(a.params, a.found_inf)
     empty = None if a.params else _nothing
-    _run(a.NAME, device, backend, lambda: check_step(a), a.args(), empty, reference_optim, (a,))
+    _run(a.NAME, device, backend, validate, a.args(), empty, reference_optim, (a,))
 
 
 def adamw_step_(
