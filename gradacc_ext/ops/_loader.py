@@ -9,6 +9,7 @@ surfacing as an undefined-symbol trace.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import warnings
@@ -83,7 +84,10 @@ def extension_loaded() -> bool:
     return _C is not None
 
 
+@functools.cache
 def extension_has_cuda() -> bool:
+    """Whether the build holds CUDA kernels. Fixed for the process, and asked on every CUDA op call
+    (resolve_backend): read once, not one dispatcher call and JSON parse per op."""
     return _C is not None and bool(_C.compiled_info()["with_cuda"])
 
 
