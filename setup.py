@@ -3,8 +3,9 @@
 Environment switches (see docs/install.md, "Environment variables"):
   GRADACC_NO_EXT=1       pure-Python install; every op runs the PyTorch reference.
   GRADACC_NO_CUDA=1      C++ CPU kernels only, even against a CUDA torch with nvcc found.
-  GRADACC_FORCE_CUDA=1   build the CUDA kernels even if torch looks CPU-only
-                         (needs nvcc and a CUDA torch to link against).
+  GRADACC_FORCE_CUDA=1   build the CUDA kernels even against a CPU-only torch (needs nvcc only:
+                         the CUDA wheel is built that way, on a machine with no GPU).
+  CUDA_HOME              the CUDA toolkit; default: where nvcc (on PATH or /usr/local/cuda) lives.
   TORCH_CUDA_ARCH_LIST   GPU architectures; default by CUDA version (DEFAULT_ARCH_LISTS).
   GRADACC_CPU_VARIANTS=0 baseline CPU kernels only (on x86-64 the AVX2 and
                          AVX-512 variants are built too, see csrc/cpu/isa.h).
@@ -12,11 +13,17 @@ Environment switches (see docs/install.md, "Environment variables"):
 
 CUDA is chosen from torch.version.cuda and nvcc, never from
 torch.cuda.is_available(): wheels must build on machines without a GPU.
+The CUDA build links no torch CUDA library and the CUDA runtime statically: it
+uses only the LibTorch stable ABI, so a CPU torch's headers and nvcc build it
+(csrc/cuda/stream.cpp finds torch's current stream at run time).
 """
 
 import os
 import platform
 import pprint
+import re
+import shutil
+import subprocess
 import warnings
 from pathlib import Path
 
@@ -54,8 +61,41 @@ def default_arch_list(cuda_version: str | None) -> str:
     return next(archs for since, archs in DEFAULT_ARCH_LISTS if (major, minor) >= since)
 
 
+def _cuda_home() -> str | None:
+    """The CUDA toolkit's root: CUDA_HOME / CUDA_PATH, else the TOP that nvcc itself reports.
+
+    nvcc's --dryrun TOP is right even when nvcc is a wrapper script outside the toolkit (scripts/cuda_home.sh).
+    """
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home:
+        return home
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    if not os.access(nvcc, os.X_OK):
+        return None
+    dry_run = [nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull]
+    dry = subprocess.run(dry_run, capture_output=True, text=True)
+    top = re.search(r"^#\$ TOP=(.*)$", dry.stderr + dry.stdout, re.MULTILINE)
+    return os.path.realpath(top.group(1)) if top else None
+
+
+def _nvcc_version(cuda_home: str) -> str:
+    out = subprocess.run([os.path.join(cuda_home, "bin", "nvcc"), "--version"], capture_output=True, text=True).stdout
+    found = re.search(r"release (\d+\.\d+)", out)
+    if not found:
+        raise SystemExit(f"setup.py: cannot read the CUDA version from {cuda_home}/bin/nvcc --version")
+    return found.group(1)
+
+
 def _flag(name: str) -> bool:
     return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _version(cuda_version: str | None) -> str:
+    """gradacc_ext.__version__, with the CUDA variant as a local version (0.1.0+cu130) when CUDA is built in."""
+    base = re.search(r'^__version__ = "(.+)"$', (ROOT / "gradacc_ext" / "__init__.py").read_text(), re.MULTILINE)
+    if base is None:
+        raise SystemExit("setup.py: no __version__ line in gradacc_ext/__init__.py")
+    return base.group(1) + ("+cu" + cuda_version.replace(".", "") if cuda_version else "")
 
 
 def _write_build_config(config: dict) -> None:
@@ -103,21 +143,26 @@ def _with_isa_variants(build_ext_class: type, variants: dict[str, list[str]]) ->
 def _extensions():
     if _flag("GRADACC_NO_EXT"):
         _write_build_config({"extension": False, "torch_version": None, "cuda_version": None, "arch_list": None})
-        return [], {}
+        return [], {}, None
 
     # torch warns at import when numpy is missing (a fresh venv builds before the `test` extra brings it);
     # the build never uses numpy, so the warning is only noise in the build log.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch
-    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+    from torch.utils import cpp_extension
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
 
     if _flag("GRADACC_NO_CUDA") and _flag("GRADACC_FORCE_CUDA"):
         raise SystemExit("setup.py: GRADACC_NO_CUDA=1 and GRADACC_FORCE_CUDA=1 contradict each other; set one")
-    detected = torch.version.cuda is not None and CUDA_HOME is not None
-    use_cuda = not _flag("GRADACC_NO_CUDA") and (_flag("GRADACC_FORCE_CUDA") or detected)
-    arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST") or default_arch_list(torch.version.cuda)
+    wanted = not _flag("GRADACC_NO_CUDA") and (_flag("GRADACC_FORCE_CUDA") or torch.version.cuda is not None)
+    cuda_home = _cuda_home() if wanted else None
+    if _flag("GRADACC_FORCE_CUDA") and cuda_home is None:
+        raise SystemExit("setup.py: GRADACC_FORCE_CUDA=1 but no CUDA toolkit found; put nvcc on PATH or set CUDA_HOME")
+    use_cuda = cuda_home is not None
+    # The toolkit's version, not torch's: its runtime is linked in statically, and it picks the default archs.
+    cuda_version = _nvcc_version(cuda_home) if use_cuda else None
+    arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST") or default_arch_list(cuda_version)
     torch_version = torch.__version__.split("+")[0]
-    cuda_version = torch.version.cuda if use_cuda else None
 
     variants = _isa_variants()
     sources = ["csrc/module.cpp", "csrc/ops.cpp", "csrc/stable.cpp", "csrc/binding.cpp", "csrc/cpu/isa.cpp"]
@@ -137,29 +182,35 @@ def _extensions():
     cxx = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-math-errno", *define]
     # torch::stable::parallel_for runs the CPU kernels' loops inside libtorch, on torch's own thread pool:
     # no -fopenmp here.
-    link = []
     if variants:
         cxx.append("-DGRADACC_CPU_X86_VARIANTS")
+    cuda = {}
     if use_cuda:
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
+        # BuildExtension compiles .cu files with the nvcc under cpp_extension.CUDA_HOME, which a CPU torch leaves None.
+        cpp_extension.CUDA_HOME = cuda_home
         sources += [
             "csrc/cuda/kernels.cu",
             "csrc/cuda/register_cuda.cpp",
             "csrc/cuda/optim_kernels.cu",
             "csrc/cuda/register_optim_cuda.cpp",
+            "csrc/cuda/stream.cpp",
         ]
-        nvcc = ["-O3", "-std=c++17", "-DGRADACC_WITH_CUDA", *define]
-        ext = CUDAExtension(
-            "gradacc_ext._C",
-            sources,
-            extra_compile_args={"cxx": cxx + ["-DGRADACC_WITH_CUDA", "-DUSE_CUDA"], "nvcc": nvcc},
-            extra_link_args=link,
-            py_limited_api=True,
-        )
-    else:
-        ext = CppExtension(
-            "gradacc_ext._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=link, py_limited_api=True
-        )
+        cxx += ["-DGRADACC_WITH_CUDA", "-DUSE_CUDA"]
+        cuda = {
+            "include_dirs": [os.path.join(cuda_home, "include")],
+            "library_dirs": [os.path.join(cuda_home, "lib64")],
+            # The CUDA runtime linked in (no libcudart.so to find at run time); dl for the stream lookup.
+            "libraries": ["cudart_static", "dl", "rt", "pthread"],
+        }
+    nvcc = ["-O3", "-std=c++17", "-DGRADACC_WITH_CUDA", *define]
+    ext = CppExtension(
+        "gradacc_ext._C",
+        sources,
+        extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+        py_limited_api=True,
+        **cuda,
+    )
 
     _write_build_config(
         {
@@ -172,10 +223,10 @@ def _extensions():
             "min_torch_version": STABLE_TARGET,
         }
     )
-    return [ext], {"build_ext": _with_isa_variants(BuildExtension, variants)}
+    return [ext], {"build_ext": _with_isa_variants(BuildExtension, variants)}, cuda_version
 
 
-ext_modules, cmdclass = _extensions()
+ext_modules, cmdclass, built_cuda = _extensions()
 # One wheel for CPython 3.10 and later: the extension uses only the limited API (cp310-abi3).
 options = {"bdist_wheel": {"py_limited_api": "cp310"}} if ext_modules else {}
-setup(ext_modules=ext_modules, cmdclass=cmdclass, options=options)
+setup(version=_version(built_cuda), ext_modules=ext_modules, cmdclass=cmdclass, options=options)
