@@ -3,11 +3,15 @@
 #
 #   PYTHON=python3 bash scripts/gpu_verify.sh --out DIR     # give the call 600 s; the run ends within 480
 #   bash scripts/gpu_verify.sh --dry-run --out DIR          # anywhere: the rehearsal (CI runs it)
+#   ... --wheel PATH                                        # verify a wheel (scripts/build_wheels.sh's) instead
+#                                                           # of building from source (docs/gpu.md)
 #
 # Steps, most valuable first, one after the other, each with a time limit, stopped by SIGINT (pytest
 # then still writes its junit and failure list) and skipped once the budget is spent:
 #   preflight        GPU, driver, free memory, nvcc, CUDA_HOME, ninja, Python headers, sanitizer -> preflight.json
-#   build            the CUDA build, forced (GRADACC_FORCE_CUDA=1), for this GPU's arch only, CUDA_HOME from nvcc
+#   build            the CUDA build, forced (GRADACC_FORCE_CUDA=1), for this GPU's arch only, CUDA_HOME from nvcc;
+#                    with --wheel: `pip install --no-deps --target` of the wheel, run from a copy of tests/,
+#                    benchmarks/ and scripts/ so that the source tree cannot shadow it (a real step in a dry run too)
 #   kernels          the build holds CUDA kernels for this GPU's arch, else every later step is not run
 #   smoke            `gradacc selftest --device cuda`: every kernel against the reference, no sanitizer
 #   cuda_tests       the suite's CUDA cases (-k cuda) with pytest-xdist and a per-test timeout; all skipped = failed
@@ -41,13 +45,16 @@ REHEARSAL_TESTS=(tests/ops/test_ops_scale.py)    # --dry-run's stand-in for cuda
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 2
 DRY=0
+WHEEL=""
 OUT_DIR="${OUT:-}"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) DRY=1 ;;
     --out) OUT_DIR="${2:?--out needs a folder}"; shift ;;
-    -h | --help) sed -n '2,32p' "$0"; exit 0 ;;
-    *) echo "gpu_verify.sh: unknown argument '$1' (expected --out DIR, --dry-run)" >&2; exit 2 ;;
+    --wheel) WHEEL="$(realpath "${2:?--wheel needs a .whl path}")"; shift
+      [[ -f "$WHEEL" && "$WHEEL" == *.whl ]] || { echo "gpu_verify.sh: --wheel $WHEEL is not a .whl file" >&2; exit 2; } ;;
+    -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
+    *) echo "gpu_verify.sh: unknown argument '$1' (expected --out DIR, --dry-run, --wheel PATH)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -58,7 +65,19 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu_verify.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$WORK/logs" "$WORK/junit" "$WORK/results"
 PY="${PYTHON:-$(command -v python3 || command -v python)}"
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # the in-place build, for the scripts and the tests
+if [[ -z "$WHEEL" ]]; then
+  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # the in-place build, for the scripts and the tests
+else
+  # The wheel's files in $SITE; every step runs in a copy of the tree with no gradacc_ext/ to shadow them
+  # (both outside $WORK, which the report archives whole).
+  WHEEL_WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu_verify_wheel.XXXXXX")"
+  trap 'rm -rf "$WORK" "$WHEEL_WORK"' EXIT
+  SITE="$WHEEL_WORK/site"
+  mkdir -p "$SITE" "$WHEEL_WORK/tree"
+  cp -r tests benchmarks scripts pyproject.toml "$WHEEL_WORK/tree/"
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" GPU_VERIFY_SOURCE="$ROOT" GPU_VERIFY_WHEEL="${WHEEL##*/}"
+  cd "$WHEEL_WORK/tree" || exit 2
+fi
 BUDGET_S="${GPU_VERIFY_BUDGET_S:-480}"
 RESERVE_S=20    # the summary and the archive, after the last step
 KILL_AFTER_S=5  # a step that ignores SIGINT is killed this much later
@@ -169,6 +188,7 @@ post_junit() { POST=("${CHECK[@]}" junit "$WORK/junit/$1.xml" --keyword "$2" "${
 
 BUILD=(env GRADACC_FORCE_CUDA=1 GRADACC_CPU_VARIANTS=0 "TORCH_CUDA_ARCH_LIST=$CAP" "MAX_JOBS=$JOBS"
   "$PY" setup.py build_ext --inplace)
+[[ -n "$WHEEL" ]] && BUILD=("$PY" -m pip install --no-deps --no-index --target "$SITE" "$WHEEL")
 SELFTEST=("$PY" -m gradacc_ext selftest --device "$DEVICE")
 SAN_ONLY_OURS=(--kernel-name kns=gradacc --error-exitcode 9)
 PROBE=("$SANITIZER" --tool memcheck "$PY" -c "import torch; x = torch.ones(8, device='cuda'); x.add_(1); print(x.sum().item())")
@@ -188,11 +208,15 @@ fused_bench() {  # fused_bench NAME WORKLOAD SCALE
 }
 
 echo "gpu_verify: $([[ $DRY -eq 1 ]] && echo rehearsal || echo "compute $CAP"), budget ${BUDGET_S}s, python $PY," \
-  "out $OUT_DIR"
+  "out $OUT_DIR${WHEEL:+, wheel $WHEEL}"
 step preflight 30 "${CHECK[@]}" preflight "$WORK" $([[ $DRY -eq 1 ]] && echo --dry-run)
 PREFLIGHT=$?
 if [[ $DRY -eq 1 ]]; then
-  NEEDS="csrc/cuda/kernels.cu csrc/cuda/optim_kernels.cu scripts/cuda_home.sh" simulate build 170 "${BUILD[@]}"
+  if [[ -n "$WHEEL" ]]; then
+    step build 60 "${BUILD[@]}"
+  else
+    NEEDS="csrc/cuda/kernels.cu csrc/cuda/optim_kernels.cu scripts/cuda_home.sh" simulate build 170 "${BUILD[@]}"
+  fi
   step kernels 20 "${CHECK[@]}" kernels --device cpu
   step smoke 40 "${SELFTEST[@]}" --layouts odd,unaligned
   post_junit cuda_tests cpu

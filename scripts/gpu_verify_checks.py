@@ -57,11 +57,14 @@ def preflight(work: Path, dry_run: bool) -> int:
                      "free_gib": round(free / 2**30, 1), "total_gib": round(total / 2**30, 1)})  # fmt: skip
     nvcc, ninja, sanitizer = os.environ.get("NVCC"), shutil.which("ninja"), os.environ.get("SANITIZER")
     include = Path(sysconfig.get_paths()["include"])
-    commit = _run("git", "rev-parse", "HEAD")
-    dirty = bool(_run("git", "status", "--porcelain", "--untracked-files=no"))
+    # With --wheel the steps run in a copy of the tree; the commit is the source tree's (GPU_VERIFY_SOURCE).
+    source = os.environ.get("GPU_VERIFY_SOURCE", str(ROOT))
+    commit = _run("git", "-C", source, "rev-parse", "HEAD")
+    dirty = bool(_run("git", "-C", source, "status", "--porcelain", "--untracked-files=no"))
     record = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "commit": commit + ("-dirty" if dirty else "") if commit else "unknown",
+        "wheel": os.environ.get("GPU_VERIFY_WHEEL") or None,
         "host": platform.node(),
         "cpu_count": os.cpu_count(),
         "python": f"{sys.executable} {platform.python_version()}",
@@ -124,7 +127,7 @@ def kernels(device: str) -> int:
     cuobjdump = shutil.which("cuobjdump") or str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin/cuobjdump")
     if os.access(cuobjdump, os.X_OK):
         arch = "sm_{}{}".format(*torch.cuda.get_device_capability(0))
-        listing = _run(cuobjdump, "--list-elf", "--list-ptx", str(next((ROOT / "gradacc_ext").glob("_C*.so"))))
+        listing = _run(cuobjdump, "--list-elf", "--list-ptx", str(next(Path(gradacc_ext.__file__).parent.glob("_C*.so"))))
         print(listing)
         if arch not in listing and "compute_" not in listing:
             print(f"kernels: cuobjdump finds no {arch} code in _C")

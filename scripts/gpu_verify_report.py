@@ -89,7 +89,8 @@ def markdown(result: dict) -> str:
         "",
         f"Device: {gpu}; driver {env.get('driver') or '-'}; torch {env.get('torch')} (CUDA "
         f"{env.get('torch_cuda') or '-'}); nvcc {env.get('nvcc') or '-'}; sanitizer "
-        f"{env.get('compute_sanitizer') or '-'}; commit {env.get('commit')}; date {env.get('date')}; host "
+        f"{env.get('compute_sanitizer') or '-'}; commit {env.get('commit')}"
+        f"{'; wheel ' + env['wheel'] if env.get('wheel') else ''}; date {env.get('date')}; host "
         f"{env.get('host')} ({env.get('cpu_count')} CPUs). Logs, junit and results: {ARCHIVE}.",
         "",
         "| step | status | seconds | limit s | note |",
