@@ -13,6 +13,9 @@
 #include "cpu/isa.h"
 #include "cpu/kernels_cpu.h"
 #include "stable.h"
+#ifdef GRADACC_WITH_CUDA
+#include "cuda/stream.h"
+#endif
 
 #ifndef GRADACC_TORCH_VERSION
 #define GRADACC_TORCH_VERSION "unknown"
@@ -65,13 +68,13 @@ std::string compiled_info() {
   std::string isas;
   for (auto isa : cpu::compiled_isas()) isas += (isas.empty() ? "" : ", ") + quoted(cpu::isa_name(isa));
 #ifdef GRADACC_WITH_CUDA
-  const char* with_cuda = "true";
+  const std::string cuda = "\"with_cuda\": true, \"cuda_stream\": " + quoted(cuda::stream_lookup_status());
 #else
-  const char* with_cuda = "false";
+  const std::string cuda = "\"with_cuda\": false";
 #endif
   return "{\"torch_version\": " + quoted(GRADACC_TORCH_VERSION) + ", \"cuda_version\": " +
-         quoted(GRADACC_CUDA_VERSION) + ", \"arch_list\": " + quoted(GRADACC_ARCH_LIST) +
-         ", \"with_cuda\": " + with_cuda + ", \"cpu_isas\": [" + isas + "]}";
+         quoted(GRADACC_CUDA_VERSION) + ", \"arch_list\": " + quoted(GRADACC_ARCH_LIST) + ", " + cuda +
+         ", \"cpu_isas\": [" + isas + "]}";
 }
 
 std::string cpu_isa() { return cpu::isa_name(cpu::active_isa()); }

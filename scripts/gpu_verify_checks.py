@@ -127,7 +127,8 @@ def kernels(device: str) -> int:
     cuobjdump = shutil.which("cuobjdump") or str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin/cuobjdump")
     if os.access(cuobjdump, os.X_OK):
         arch = "sm_{}{}".format(*torch.cuda.get_device_capability(0))
-        listing = _run(cuobjdump, "--list-elf", "--list-ptx", str(next(Path(gradacc_ext.__file__).parent.glob("_C*.so"))))
+        built = next(Path(gradacc_ext.__file__).parent.glob("_C*.so"))  # the wheel's, with --wheel
+        listing = _run(cuobjdump, "--list-elf", "--list-ptx", str(built))
         print(listing)
         if arch not in listing and "compute_" not in listing:
             print(f"kernels: cuobjdump finds no {arch} code in _C")

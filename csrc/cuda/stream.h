@@ -13,6 +13,10 @@ namespace gradacc::cuda {
 // torch's current stream on `device_index` (stream.cpp says where it comes from).
 cudaStream_t current_stream(int32_t device_index);
 
+// "ok" when that stream can be found in this process, else why not (compiled_info reports it, so that
+// `gradacc info` shows it even where no GPU is visible).
+std::string stream_lookup_status();
+
 // Runs launch(stream) on `device` (a DeviceGuard sets it current) and its current stream.
 template <typename Launch>
 void run_on(const Device& device, Launch&& launch) {

@@ -55,6 +55,7 @@ def collect() -> dict[str, Any]:
             "running": build["running_cuda_version"],
             "available": build["cuda_available"],
             "with_cuda_kernels": build["with_cuda"],
+            "stream_lookup": build["cuda_stream"],
         },
         "arch_list": build["arch_list"],
         "cpu": {
@@ -77,7 +78,8 @@ def render(info: dict[str, Any]) -> str:
         f">= {torch_info['min'] or '-'}; running {torch_info['running']}"
         + ("" if torch_info["match"] or not torch_info["built"] else "  <- TOO OLD"),
         f"CUDA:       built {cuda_info['built'] or 'none (CPU-only build)'}, running {cuda_info['running'] or 'none'}"
-        f", GPU available: {'yes' if cuda_info['available'] else 'no'}",
+        f", GPU available: {'yes' if cuda_info['available'] else 'no'}"
+        + (f", current stream: {cuda_info['stream_lookup']}" if cuda_info.get("stream_lookup") else ""),
         f"GPU archs:  compiled {info['arch_list'] or 'none'}",
         f"CPU ISA:    {info['cpu']['isa'] or 'none'} (compiled: {', '.join(info['cpu']['compiled']) or 'none'}; "
         f"torch capability {info['cpu']['torch_capability']})",

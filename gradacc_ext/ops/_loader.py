@@ -104,6 +104,8 @@ def build_info() -> dict[str, Any]:
         "min_torch_version": (BUILD_CONFIG or {}).get("min_torch_version"),
         "arch_list": (BUILD_CONFIG or {}).get("arch_list"),
         "with_cuda": bool(compiled and compiled["with_cuda"]),
+        # A CUDA build finds torch's current stream in the loaded libtorch_cuda ("ok"), else says why not.
+        "cuda_stream": compiled.get("cuda_stream") if compiled else None,
         # CPU kernel variants in the binary and the one in use (csrc/cpu/isa.h)
         "cpu_isas": list(compiled.get("cpu_isas", [])) if compiled else [],
         "cpu_isa": _C.cpu_isa() if compiled and "cpu_isas" in compiled else None,

@@ -157,6 +157,7 @@ def test_build_info():
         "cpu_isa",
         "abi",
         "min_torch_version",
+        "cuda_stream",
     }
     assert info["extension_loaded"] is gradacc_ext.extension_loaded()
     assert info["with_cuda"] is gradacc_ext.extension_has_cuda()
@@ -169,8 +170,21 @@ def test_build_info():
         assert info["abi"] == "stable" and info["min_torch_version"] == "2.11"
         assert info["with_cuda"] == (info["built_cuda_version"] is not None)
         assert info["cpu_isas"][0] == "default" and info["cpu_isa"] in info["cpu_isas"]
+        assert (info["cuda_stream"] is None) is not info["with_cuda"]
     else:
         assert info["cpu_isas"] == [] and info["cpu_isa"] is None
+
+
+@pytest.mark.skipif(not gradacc_ext.extension_has_cuda(), reason="a CPU-only build has no CUDA stream to find")
+def test_cuda_build_finds_torchs_current_stream_beside_a_cuda_torch():
+    """The CUDA build links no torch CUDA library: it finds aoti_torch_get_current_cuda_stream in the
+    libtorch_cuda.so that a CUDA torch has loaded, and says why not beside a CPU torch (where it still loads).
+    Runs without a GPU: the lookup needs only the library, so a CUDA torch on a CPU machine checks it."""
+    stream = gradacc_ext.build_info()["cuda_stream"]
+    if torch.version.cuda is not None:
+        assert stream == "ok"
+    else:
+        assert "libtorch_cuda.so is not loaded" in stream and "CPU-only torch" in stream
 
 
 @needs_ext
