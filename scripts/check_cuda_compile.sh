@@ -5,7 +5,7 @@
 #      torch's CUDAExtension adds (setup.py builds it that way). Every nvcc and
 #      ptxas warning is an error, including register spills and local-memory
 #      use (a 32 KB by-value metadata struct must never land in local memory).
-#   2. csrc/cuda/register_cuda.cpp and register_optim_cuda.cpp (host C++) against the installed torch's
+#   2. csrc/cuda/register_cuda.cpp, register_optim_cuda.cpp and stream.cpp (host C++) against the installed torch's
 #      headers, syntax only, as setup.py builds them: LibTorch stable ABI only, targeting torch 2.11
 #      (TORCH_TARGET_VERSION), with USE_CUDA for the C shim's CUDA stream call. They include no
 #      c10/cuda header, so a CPU-only torch wheel's headers suffice.
@@ -53,7 +53,7 @@ for cu in kernels optim_kernels; do
 done
 
 STABLE_TARGET=0x020b000000000000  # torch 2.11: setup.py's STABLE_TARGET_HEX
-for reg in register_cuda register_optim_cuda; do
+for reg in register_cuda register_optim_cuda stream; do
   timed "csrc/cuda/$reg.cpp ($CXX -fsyntax-only, torch headers)" \
     "$CXX" -fsyntax-only -std=c++17 -DGRADACC_WITH_CUDA -DUSE_CUDA -DTORCH_TARGET_VERSION="$STABLE_TARGET" \
     -Wall -Wextra -Werror "${TORCH_INCLUDES[@]/#/-isystem}" -isystem "$CUDA_INCLUDE" \
