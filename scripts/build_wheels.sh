@@ -66,12 +66,12 @@ for v in "${variants[@]}"; do
   so="$(ls "$work"/unpacked/gradacc_ext/_C*.so)"
   unstable=$(nm -D --undefined-only "$so" | c++filt | grep -c 'at::\|c10::\|torch::' || true)
   [[ $unstable == 0 ]] || { echo "error: $so uses $unstable non-stable torch symbols" >&2; exit 1; }
-  mib=$(( ($(stat -c %s "$wheel") + 1048575) / 1048576 ))
-  if [[ $v == cuda && $mib -gt $MAX_CUDA_WHEEL_MIB ]]; then
-    echo "error: $(basename "$wheel") is $mib MiB, over $MAX_CUDA_WHEEL_MIB MiB" >&2
+  mib() { awk -v b="$(stat -c %s "$1")" 'BEGIN { printf "%.1f", b / 1048576 }'; }
+  if [[ $v == cuda ]] && awk -v m="$(mib "$wheel")" -v max=$MAX_CUDA_WHEEL_MIB 'BEGIN { exit !(m > max) }'; then
+    echo "error: $(basename "$wheel") is $(mib "$wheel") MiB, over $MAX_CUDA_WHEEL_MIB MiB" >&2
     exit 1
   fi
-  echo "$(basename "$wheel"): $mib MiB (so $(( $(stat -c %s "$so") / 1048576 )) MiB stripped), built in $((SECONDS - start)) s"
+  echo "$(basename "$wheel"): $(mib "$wheel") MiB (_C $(mib "$so") MiB, stripped), built in $((SECONDS - start)) s"
   echo "  NEEDED: $(readelf -d "$so" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p' | tr '\n' ' ')"
   # The tag auditwheel chose follows from the newest glibc / libstdc++ symbol versions the .so uses.
   echo "  tag: $(basename "$wheel" .whl | sed 's/.*-//'); needs $(objdump -T "$so" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n1)," \
