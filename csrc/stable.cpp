@@ -66,9 +66,29 @@ std::string shape_str(torch::headeronly::IntHeaderOnlyArrayRef dims) {
   return s + "]";
 }
 
-bool is_non_overlapping_and_dense(const Tensor& t) {
-  const auto sizes = t.sizes();
-  const auto strides = t.strides();
+bool is_contiguous(const Shape& s) {
+  // c10's compute_contiguous: strides from the last dim outwards must be the
+  // products of the sizes after them, size-1 dims excepted; an empty tensor
+  // is contiguous whatever its strides.
+  int64_t expected = 1;
+  bool contiguous = true;
+  for (size_t d = s.sizes.size(); d-- > 0;) {
+    if (s.sizes[d] == 1) continue;
+    contiguous = contiguous && s.strides[d] == expected;
+    expected *= s.sizes[d];
+  }
+  return contiguous || expected == 0;
+}
+
+int64_t numel_of(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t size : s.sizes) n *= size;
+  return n;
+}
+
+bool is_non_overlapping_and_dense(const Shape& s) {
+  const auto& sizes = s.sizes;
+  const auto& strides = s.strides;
   const int64_t dim = int64_t(sizes.size());
   if (dim == 1) return sizes[0] < 2 || strides[0] == 1;
   // c10::TensorImpl's rule: visit the dims by increasing stride (size-1 dims
@@ -90,20 +110,29 @@ bool is_non_overlapping_and_dense(const Tensor& t) {
   return true;
 }
 
-// The stable Tensor's scalar_type(), layout() and device() turn torch's code
-// into the enum by calling one shim function per candidate (7 calls for
-// float32, 13 for bfloat16). The codes are fixed for a process, so they are
-// looked up once here, and each query costs one shim call.
+// torch's dtype, layout and device codes are fixed for a process: the ones
+// the checks compare with are looked up once here, so each query costs one
+// shim call, and only an unexpected code goes through the stable API's
+// general conversion (one shim call per candidate), for its message.
 namespace {
+
+using torch::stable::detail::from;
+using torch::stable::detail::to;
 
 template <typename Enum>
 int32_t shim_code(Enum value) {
-  return torch::stable::detail::to<int32_t>(torch::stable::detail::from(value));
+  return to<int32_t>(from(value));
 }
 
 }  // namespace
 
-ScalarType dtype_of(const Tensor& t) {
+bool is_defined(TensorRef t) {
+  bool defined = false;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_is_defined(t.get(), &defined));
+  return defined;
+}
+
+ScalarType dtype_of(TensorRef t) {
   static const std::vector<std::pair<int32_t, ScalarType>> codes = [] {
     std::vector<std::pair<int32_t, ScalarType>> out;
     for (ScalarType st : {ScalarType::Float, ScalarType::Half, ScalarType::BFloat16, ScalarType::Double}) {
@@ -116,24 +145,51 @@ ScalarType dtype_of(const Tensor& t) {
   for (const auto& [c, st] : codes) {
     if (c == code) return st;
   }
-  return t.scalar_type();  // not a float dtype: torch's own conversion names it
+  return to<ScalarType>(from(code));
 }
 
-bool is_strided(const Tensor& t) {
+bool is_strided(TensorRef t) {
   static const int32_t strided = shim_code(Layout::Strided);
   int32_t code = 0;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_layout(t.get(), &code));
   return code == strided;
 }
 
-Device device_of(const Tensor& t) {
+Layout layout_of(TensorRef t) {
+  int32_t code = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_layout(t.get(), &code));
+  return to<Layout>(from(code));
+}
+
+Device device_of(TensorRef t) {
   using torch::headeronly::DeviceType;
   static const int32_t cpu = shim_code(DeviceType::CPU), cuda = shim_code(DeviceType::CUDA);
   int32_t type = 0, index = 0;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t.get(), &type));
-  if (type != cpu && type != cuda) return t.device();
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(t.get(), &index));
-  return Device(type == cpu ? DeviceType::CPU : DeviceType::CUDA, torch::stable::DeviceIndex(index));
+  const DeviceType device_type = type == cpu ? DeviceType::CPU : type == cuda ? DeviceType::CUDA : to<DeviceType>(from(type));
+  return Device(device_type, torch::stable::DeviceIndex(index));
+}
+
+void* data_of(TensorRef t) {
+  void* data = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_data_ptr(t.get(), &data));
+  return data;
+}
+
+int64_t numel_of(TensorRef t) {
+  int64_t numel = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_numel(t.get(), &numel));
+  return numel;
+}
+
+Shape shape_of(TensorRef t) {
+  int64_t dim = 0;
+  int64_t *sizes = nullptr, *strides = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dim(t.get(), &dim));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_sizes(t.get(), &sizes));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_strides(t.get(), &strides));
+  return Shape{{sizes, size_t(dim)}, {strides, size_t(dim)}};
 }
 
 }  // namespace gradacc

@@ -21,7 +21,6 @@
 namespace gradacc {
 
 using Tensor = torch::stable::Tensor;
-using TensorList = std::vector<Tensor>;
 using Device = torch::stable::Device;
 using ScalarType = torch::headeronly::ScalarType;
 using Layout = torch::headeronly::Layout;
@@ -46,13 +45,42 @@ std::string layout_name(Layout layout);
 std::string device_name(const Device& device);
 // "[2, 3]", as torch prints a size or stride list.
 std::string shape_str(torch::headeronly::IntHeaderOnlyArrayRef dims);
-// t.scalar_type(), t.layout() == Strided and t.device() in one or two shim
-// calls each, for the checks every tensor of every list goes through.
-ScalarType dtype_of(const Tensor& t);
-bool is_strided(const Tensor& t);
-Device device_of(const Tensor& t);
-// c10's is_non_overlapping_and_dense, which the stable Tensor lacks,
-// computed from sizes() and strides().
-bool is_non_overlapping_and_dense(const Tensor& t);
+
+// A tensor the binding borrows for one call: an item of a TensorList
+// (boxing.h) or a Tensor argument. The checks read it through the C shim
+// directly, one call per fact; torch::stable::Tensor's getters do the same
+// but need an owning Tensor, and some (scalar_type, layout, device) convert
+// torch's code by calling one shim function per candidate enum value.
+class TensorRef {
+ public:
+  TensorRef(AtenTensorHandle handle) : handle_(handle) {}  // NOLINT(google-explicit-constructor)
+  TensorRef(const Tensor& t) : handle_(t.get()) {}         // NOLINT(google-explicit-constructor)
+  AtenTensorHandle get() const { return handle_; }
+
+ private:
+  AtenTensorHandle handle_;
+};
+
+bool is_defined(TensorRef t);
+ScalarType dtype_of(TensorRef t);
+bool is_strided(TensorRef t);
+Layout layout_of(TensorRef t);
+Device device_of(TensorRef t);
+void* data_of(TensorRef t);
+int64_t numel_of(TensorRef t);
+
+// Sizes and strides, read in place (pointers into the TensorImpl, no copy;
+// valid while the tensor lives).
+struct Shape {
+  torch::headeronly::IntHeaderOnlyArrayRef sizes, strides;
+};
+Shape shape_of(TensorRef t);
+// c10's is_contiguous (compute_contiguous) for the default memory format:
+// an empty tensor is contiguous, size-1 dims may have any stride.
+bool is_contiguous(const Shape& s);
+// The product of the sizes.
+int64_t numel_of(const Shape& s);
+// c10's is_non_overlapping_and_dense, which the stable Tensor lacks.
+bool is_non_overlapping_and_dense(const Shape& s);
 
 }  // namespace gradacc
