@@ -83,28 +83,25 @@ double list_value(const char* op, const char* arg, double v, const std::vector<S
 
 Span check_tensor(const char* op, const char* arg, int64_t i, TensorRef t, const Device& device, Use use,
                   torch::headeronly::IntHeaderOnlyArrayRef* sizes) {
-  // In this order: a sparse tensor has no strides or data to read, and an
-  // undefined one no layout.
-  GRADACC_CHECK(is_defined(t), op, ": ", arg, "[", i, "] is undefined (None)");
-  GRADACC_CHECK(is_strided(t), op, ": ", arg, "[", i, "] has layout ", layout_name(layout_of(t)),
+  const TensorFacts f = facts_of(t);
+  GRADACC_CHECK(f.defined, op, ": ", arg, "[", i, "] is undefined (None)");
+  GRADACC_CHECK(f.strided, op, ": ", arg, "[", i, "] has layout ", layout_name(layout_of(t)),
                 "; expected a dense (strided) tensor");
-  const Device on = device_of(t);
-  GRADACC_CHECK(on == device, op, ": ", arg, "[", i, "] is on ", device_name(on), " but the tensors are on ",
-                device_name(device), "; all tensors must be on one device");
-  const DType dtype = to_dtype(op, arg, i, dtype_of(t), use);
-  // Contiguity and numel from the sizes and strides themselves, read in place:
-  // three shim calls, and the sizes serve the pair checks too.
-  const Shape shape = shape_of(t);
+  GRADACC_CHECK(f.device_type == device.type() && f.device_index == device.index(), op, ": ", arg, "[", i,
+                "] is on ", device_name(f.device()),
+                " but the tensors are on ", device_name(device), "; all tensors must be on one device");
+  const DType dtype = to_dtype(op, arg, i, f.dtype, use);
+  // Contiguity and numel from the sizes and strides, read in place.
   if (use == Use::kSingleList) {
-    GRADACC_CHECK(is_contiguous(shape) || is_non_overlapping_and_dense(shape), op, ": ", arg, "[", i,
-                  "] is not dense (sizes ", shape_str(shape.sizes), ", strides ", shape_str(shape.strides),
+    GRADACC_CHECK(is_contiguous(f.shape) || is_non_overlapping_and_dense(f.shape), op, ": ", arg, "[", i,
+                  "] is not dense (sizes ", shape_str(f.shape.sizes), ", strides ", shape_str(f.shape.strides),
                   "); expected a dense non-overlapping tensor, such as a contiguous or channels_last one");
   } else {
-    GRADACC_CHECK(is_contiguous(shape), op, ": ", arg, "[", i, "] is not contiguous (sizes ", shape_str(shape.sizes),
-                  ", strides ", shape_str(shape.strides), "); expected a contiguous tensor");
+    GRADACC_CHECK(is_contiguous(f.shape), op, ": ", arg, "[", i, "] is not contiguous (sizes ",
+                  shape_str(f.shape.sizes), ", strides ", shape_str(f.shape.strides), "); expected a contiguous tensor");
   }
-  if (sizes != nullptr) *sizes = shape.sizes;
-  return Span{data_of(t), numel_of(shape), dtype};
+  if (sizes != nullptr) *sizes = f.shape.sizes;
+  return Span{f.data, numel_of(f.shape), dtype};
 }
 
 std::vector<Span> check_list(const char* op, const char* arg, const TensorList& list, const Device& device, Use use,

@@ -124,7 +124,61 @@ int32_t shim_code(Enum value) {
   return to<int32_t>(from(value));
 }
 
+// The codes the checks compare with, behind one static guard.
+struct Codes {
+  int32_t strided = shim_code(Layout::Strided);
+  int32_t cpu = shim_code(torch::headeronly::DeviceType::CPU);
+  int32_t cuda = shim_code(torch::headeronly::DeviceType::CUDA);
+  std::pair<int32_t, ScalarType> dtypes[4] = {{shim_code(ScalarType::Float), ScalarType::Float},
+                                              {shim_code(ScalarType::Half), ScalarType::Half},
+                                              {shim_code(ScalarType::BFloat16), ScalarType::BFloat16},
+                                              {shim_code(ScalarType::Double), ScalarType::Double}};
+};
+
+const Codes& codes() {
+  static const Codes c;
+  return c;
+}
+
+ScalarType dtype_from(const Codes& c, int32_t code) {
+  for (const auto& [known, st] : c.dtypes) {
+    if (known == code) return st;
+  }
+  return to<ScalarType>(from(code));  // not a float dtype: named for the message
+}
+
+torch::headeronly::DeviceType device_type_from(const Codes& c, int32_t type) {
+  using torch::headeronly::DeviceType;
+  return type == c.cpu ? DeviceType::CPU : type == c.cuda ? DeviceType::CUDA : to<DeviceType>(from(type));
+}
+
 }  // namespace
+
+TensorFacts facts_of(TensorRef t) {
+  const Codes& c = codes();
+  const AtenTensorHandle h = t.get();
+  TensorFacts f;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_is_defined(h, &f.defined));
+  if (!f.defined) return f;
+  int32_t layout = 0, type = 0, index = 0, dtype = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_layout(h, &layout));
+  f.strided = layout == c.strided;
+  if (!f.strided) return f;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(h, &type));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(h, &index));
+  f.device_type = device_type_from(c, type);
+  f.device_index = torch::stable::DeviceIndex(index);
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(h, &dtype));
+  f.dtype = dtype_from(c, dtype);
+  int64_t dim = 0;
+  int64_t *sizes = nullptr, *strides = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dim(h, &dim));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_sizes(h, &sizes));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_strides(h, &strides));
+  f.shape = Shape{{sizes, size_t(dim)}, {strides, size_t(dim)}};
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_data_ptr(h, &f.data));
+  return f;
+}
 
 bool is_defined(TensorRef t) {
   bool defined = false;
@@ -133,26 +187,15 @@ bool is_defined(TensorRef t) {
 }
 
 ScalarType dtype_of(TensorRef t) {
-  static const std::vector<std::pair<int32_t, ScalarType>> codes = [] {
-    std::vector<std::pair<int32_t, ScalarType>> out;
-    for (ScalarType st : {ScalarType::Float, ScalarType::Half, ScalarType::BFloat16, ScalarType::Double}) {
-      out.emplace_back(shim_code(st), st);
-    }
-    return out;
-  }();
   int32_t code = 0;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(t.get(), &code));
-  for (const auto& [c, st] : codes) {
-    if (c == code) return st;
-  }
-  return to<ScalarType>(from(code));
+  return dtype_from(codes(), code);
 }
 
 bool is_strided(TensorRef t) {
-  static const int32_t strided = shim_code(Layout::Strided);
   int32_t code = 0;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_layout(t.get(), &code));
-  return code == strided;
+  return code == codes().strided;
 }
 
 Layout layout_of(TensorRef t) {
@@ -162,13 +205,10 @@ Layout layout_of(TensorRef t) {
 }
 
 Device device_of(TensorRef t) {
-  using torch::headeronly::DeviceType;
-  static const int32_t cpu = shim_code(DeviceType::CPU), cuda = shim_code(DeviceType::CUDA);
   int32_t type = 0, index = 0;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t.get(), &type));
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(t.get(), &index));
-  const DeviceType device_type = type == cpu ? DeviceType::CPU : type == cuda ? DeviceType::CUDA : to<DeviceType>(from(type));
-  return Device(device_type, torch::stable::DeviceIndex(index));
+  return Device(device_type_from(codes(), type), torch::stable::DeviceIndex(index));
 }
 
 void* data_of(TensorRef t) {
@@ -181,15 +221,6 @@ int64_t numel_of(TensorRef t) {
   int64_t numel = 0;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_numel(t.get(), &numel));
   return numel;
-}
-
-Shape shape_of(TensorRef t) {
-  int64_t dim = 0;
-  int64_t *sizes = nullptr, *strides = nullptr;
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dim(t.get(), &dim));
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_sizes(t.get(), &sizes));
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_strides(t.get(), &strides));
-  return Shape{{sizes, size_t(dim)}, {strides, size_t(dim)}};
 }
 
 }  // namespace gradacc

@@ -74,7 +74,21 @@ int64_t numel_of(TensorRef t);
 struct Shape {
   torch::headeronly::IntHeaderOnlyArrayRef sizes, strides;
 };
-Shape shape_of(TensorRef t);
+// What the per-tensor checks of a list item read, each fact by one shim
+// call, in one pass: the layout only of a defined tensor, the rest only of a
+// strided one (a sparse tensor has no strides or data pointer to read).
+struct TensorFacts {
+  bool defined = false, strided = false;
+  // torch::stable::Device as a member would not link (its namespace is hidden).
+  torch::headeronly::DeviceType device_type = torch::headeronly::DeviceType::CPU;
+  torch::stable::DeviceIndex device_index = -1;
+  ScalarType dtype = ScalarType::Undefined;
+  Shape shape;
+  void* data = nullptr;
+
+  Device device() const { return Device(device_type, device_index); }
+};
+TensorFacts facts_of(TensorRef t);
 // c10's is_contiguous (compute_contiguous) for the default memory format:
 // an empty tensor is contiguous, size-1 dims may have any stride.
 bool is_contiguous(const Shape& s);
