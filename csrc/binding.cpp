@@ -83,25 +83,24 @@ double list_value(const char* op, const char* arg, double v, const std::vector<S
 
 Span check_tensor(const char* op, const char* arg, int64_t i, TensorRef t, const Device& device, Use use,
                   torch::headeronly::IntHeaderOnlyArrayRef* sizes) {
-  const TensorFacts f = facts_of(t);
+  const TensorFacts f = facts_of(t, sizes != nullptr);
   GRADACC_CHECK(f.defined, op, ": ", arg, "[", i, "] is undefined (None)");
   GRADACC_CHECK(f.strided, op, ": ", arg, "[", i, "] has layout ", layout_name(layout_of(t)),
                 "; expected a dense (strided) tensor");
   GRADACC_CHECK(f.device_type == device.type() && f.device_index == device.index(), op, ": ", arg, "[", i,
-                "] is on ", device_name(f.device()),
-                " but the tensors are on ", device_name(device), "; all tensors must be on one device");
+                "] is on ", device_name(f.device()), " but the tensors are on ", device_name(device),
+                "; all tensors must be on one device");
   const DType dtype = to_dtype(op, arg, i, f.dtype, use);
-  // Contiguity and numel from the sizes and strides, read in place.
-  if (use == Use::kSingleList) {
-    GRADACC_CHECK(is_contiguous(f.shape) || is_non_overlapping_and_dense(f.shape), op, ": ", arg, "[", i,
-                  "] is not dense (sizes ", shape_str(f.shape.sizes), ", strides ", shape_str(f.shape.strides),
+  if (!f.contiguous) {  // strides are read only here: the common case never needs them
+    const Shape shape = shape_of(t);
+    GRADACC_CHECK(use == Use::kSingleList, op, ": ", arg, "[", i, "] is not contiguous (sizes ",
+                  shape_str(shape.sizes), ", strides ", shape_str(shape.strides), "); expected a contiguous tensor");
+    GRADACC_CHECK(is_non_overlapping_and_dense(shape), op, ": ", arg, "[", i, "] is not dense (sizes ",
+                  shape_str(shape.sizes), ", strides ", shape_str(shape.strides),
                   "); expected a dense non-overlapping tensor, such as a contiguous or channels_last one");
-  } else {
-    GRADACC_CHECK(is_contiguous(f.shape), op, ": ", arg, "[", i, "] is not contiguous (sizes ",
-                  shape_str(f.shape.sizes), ", strides ", shape_str(f.shape.strides), "); expected a contiguous tensor");
   }
-  if (sizes != nullptr) *sizes = f.shape.sizes;
-  return Span{f.data, numel_of(f.shape), dtype};
+  if (sizes != nullptr) *sizes = f.sizes;
+  return Span{data_of(t), f.numel, dtype};  // read last, as before: the checks above name a bad tensor first
 }
 
 std::vector<Span> check_list(const char* op, const char* arg, const TensorList& list, const Device& device, Use use,

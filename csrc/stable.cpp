@@ -66,26 +66,6 @@ std::string shape_str(torch::headeronly::IntHeaderOnlyArrayRef dims) {
   return s + "]";
 }
 
-bool is_contiguous(const Shape& s) {
-  // c10's compute_contiguous: strides from the last dim outwards must be the
-  // products of the sizes after them, size-1 dims excepted; an empty tensor
-  // is contiguous whatever its strides.
-  int64_t expected = 1;
-  bool contiguous = true;
-  for (size_t d = s.sizes.size(); d-- > 0;) {
-    if (s.sizes[d] == 1) continue;
-    contiguous = contiguous && s.strides[d] == expected;
-    expected *= s.sizes[d];
-  }
-  return contiguous || expected == 0;
-}
-
-int64_t numel_of(const Shape& s) {
-  int64_t n = 1;
-  for (int64_t size : s.sizes) n *= size;
-  return n;
-}
-
 bool is_non_overlapping_and_dense(const Shape& s) {
   const auto& sizes = s.sizes;
   const auto& strides = s.strides;
@@ -154,7 +134,7 @@ torch::headeronly::DeviceType device_type_from(const Codes& c, int32_t type) {
 
 }  // namespace
 
-TensorFacts facts_of(TensorRef t) {
+TensorFacts facts_of(TensorRef t, bool with_sizes) {
   const Codes& c = codes();
   const AtenTensorHandle h = t.get();
   TensorFacts f;
@@ -170,13 +150,15 @@ TensorFacts facts_of(TensorRef t) {
   f.device_index = torch::stable::DeviceIndex(index);
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(h, &dtype));
   f.dtype = dtype_from(c, dtype);
-  int64_t dim = 0;
-  int64_t *sizes = nullptr, *strides = nullptr;
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dim(h, &dim));
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_sizes(h, &sizes));
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_strides(h, &strides));
-  f.shape = Shape{{sizes, size_t(dim)}, {strides, size_t(dim)}};
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_data_ptr(h, &f.data));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_is_contiguous(h, &f.contiguous));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_numel(h, &f.numel));
+  if (with_sizes) {
+    int64_t dim = 0;
+    int64_t* sizes = nullptr;
+    TORCH_ERROR_CODE_CHECK(aoti_torch_get_dim(h, &dim));
+    TORCH_ERROR_CODE_CHECK(aoti_torch_get_sizes(h, &sizes));
+    f.sizes = {sizes, size_t(dim)};
+  }
   return f;
 }
 
@@ -215,6 +197,15 @@ void* data_of(TensorRef t) {
   void* data = nullptr;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_data_ptr(t.get(), &data));
   return data;
+}
+
+Shape shape_of(TensorRef t) {
+  int64_t dim = 0;
+  int64_t *sizes = nullptr, *strides = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dim(t.get(), &dim));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_sizes(t.get(), &sizes));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_strides(t.get(), &strides));
+  return Shape{{sizes, size_t(dim)}, {strides, size_t(dim)}};
 }
 
 int64_t numel_of(TensorRef t) {

@@ -74,27 +74,26 @@ int64_t numel_of(TensorRef t);
 struct Shape {
   torch::headeronly::IntHeaderOnlyArrayRef sizes, strides;
 };
+Shape shape_of(TensorRef t);
+// c10's is_non_overlapping_and_dense, which the stable Tensor lacks.
+bool is_non_overlapping_and_dense(const Shape& s);
+
 // What the per-tensor checks of a list item read, each fact by one shim
 // call, in one pass: the layout only of a defined tensor, the rest only of a
-// strided one (a sparse tensor has no strides or data pointer to read).
+// strided one (a sparse tensor has no strides to read), and
+// the sizes only `with_sizes` (for the pair checks). Contiguity and numel are
+// torch's own (one call each, fewer than sizes and strides plus our loops).
 struct TensorFacts {
-  bool defined = false, strided = false;
-  // torch::stable::Device as a member would not link (its namespace is hidden).
+  bool defined = false, strided = false, contiguous = false;
+  // Not a torch::stable::Device member: its namespace has hidden visibility.
   torch::headeronly::DeviceType device_type = torch::headeronly::DeviceType::CPU;
   torch::stable::DeviceIndex device_index = -1;
   ScalarType dtype = ScalarType::Undefined;
-  Shape shape;
-  void* data = nullptr;
+  int64_t numel = 0;
+  torch::headeronly::IntHeaderOnlyArrayRef sizes;
 
   Device device() const { return Device(device_type, device_index); }
 };
-TensorFacts facts_of(TensorRef t);
-// c10's is_contiguous (compute_contiguous) for the default memory format:
-// an empty tensor is contiguous, size-1 dims may have any stride.
-bool is_contiguous(const Shape& s);
-// The product of the sizes.
-int64_t numel_of(const Shape& s);
-// c10's is_non_overlapping_and_dense, which the stable Tensor lacks.
-bool is_non_overlapping_and_dense(const Shape& s);
+TensorFacts facts_of(TensorRef t, bool with_sizes);
 
 }  // namespace gradacc
