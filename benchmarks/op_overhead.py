@@ -3,7 +3,8 @@
 The stable-ABI binding pays a few shim calls per tensor per op call (docs/stable-abi.md, "Overhead,
 before and after"); this prints what one call and one tensor cost for `torch.ops.gradacc.<op>` and
 for eager's equivalent side by side (accumulate_: `torch._foreach_add_`; unscale_: GradScaler's
-`torch._amp_foreach_non_finite_check_and_unscale_`), so both are timed on the same tensors.
+`torch._amp_foreach_non_finite_check_and_unscale_`), so both are timed on the same tensors. Per tensor means
+per list item: one tensor for unscale_, one (buf, grad) pair for accumulate_.
 
 Wall clock (median over rounds) on a quiet machine:
     python benchmarks/op_overhead.py --tensors 2000 --numel 16 --calls 300
@@ -66,8 +67,10 @@ def main() -> None:
         raise SystemExit("gradacc_ext._C is not loaded: nothing to measure")
     torch.set_num_threads(args.threads)
     impls = args.impl or ["raw", "eager"]
-    print(f"{args.tensors} fp32 tensors of {args.numel}, {args.threads} thread(s), median of {args.rounds} x "
-          f"{args.calls} calls")
+    print(
+        f"{args.tensors} fp32 tensors of {args.numel}, {args.threads} thread(s), median of {args.rounds} x "
+        f"{args.calls} calls"
+    )
     for op in args.op or ["accumulate_", "unscale_"]:
         row = []
         for impl in impls:

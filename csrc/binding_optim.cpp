@@ -133,7 +133,8 @@ OptimParams checked_params(const char* op, const StepArgs<T>& a) {
   const Device device = list_device(params, a.found_inf ? &*a.found_inf : nullptr);
   std::vector<torch::headeronly::IntHeaderOnlyArrayRef> sizes;
   p.params = check_list(op, "params", params, device, Use::kStep, &sizes);
-  p.grads = check_companions(op, "grads", a.grads, params, p.params, sizes, device, false, "the param's dtype or float32",
+  p.grads = check_companions(op, "grads", a.grads, params, p.params, sizes, device, false,
+                             "the param's dtype or float32",
                              [](DType param, DType grad) { return grad == param || grad == DType::kFloat32; });
   p.mode = ParamMode(a.mode);
   p.masters = check_companions(op, "master_params", a.masters, params, p.params, sizes, device, true,
