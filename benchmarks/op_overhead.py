@@ -1,4 +1,4 @@
-"""Per-call and per-tensor overhead of the raw ops against torch eager, on many small tensors.
+r"""Per-call and per-tensor overhead of the raw ops against torch eager, on many small tensors.
 
 The stable-ABI binding pays a few shim calls per tensor per op call (docs/stable-abi.md, "Overhead,
 before and after"); this prints what one call and one tensor cost for `torch.ops.gradacc.<op>` and
@@ -8,10 +8,12 @@ per list item: one tensor for unscale_, one (buf, grad) pair for accumulate_.
 
 Wall clock (median over rounds) on a quiet machine:
     python benchmarks/op_overhead.py --tensors 2000 --numel 16 --calls 300
-Instruction counts (load-independent): run one side under callgrind twice, with two --calls values,
-and divide the difference of the totals by the difference of the calls:
-    valgrind --tool=callgrind --callgrind-out-file=/dev/null python benchmarks/op_overhead.py \
-        --impl raw --op unscale_ --calls 20 --rounds 1 --warmup 0
+Instruction counts (load-independent; docs/stable-abi.md, "The per-tensor cost, cut"): one side under
+callgrind, then the inclusive count of the op's entry point divided by --calls and by --tensors:
+    valgrind --tool=callgrind --callgrind-out-file=cg.out python benchmarks/op_overhead.py \
+        --impl raw --op unscale_ --calls 10 --rounds 1 --warmup 0
+    callgrind_annotate --inclusive=yes cg.out | grep 'invokeOperatorFromPython(c10::ArrayRef'
+(eager: THPVariable__amp_foreach_non_finite_check_and_unscale_ / THPVariable__foreach_add_).
 """
 
 from __future__ import annotations
