@@ -9,8 +9,8 @@
 namespace gradacc::binding {
 namespace {
 
-DType to_dtype(const char* op, const char* arg, int64_t i, const Tensor& t, Use use) {
-  switch (dtype_of(t)) {
+DType to_dtype(const char* op, const char* arg, int64_t i, ScalarType st, Use use) {
+  switch (st) {
     case ScalarType::Float: return DType::kFloat32;
     case ScalarType::Half: return DType::kFloat16;
     case ScalarType::BFloat16: return DType::kBFloat16;
@@ -18,7 +18,7 @@ DType to_dtype(const char* op, const char* arg, int64_t i, const Tensor& t, Use 
       if (use != Use::kPaired) return DType::kFloat64;
       [[fallthrough]];
     default:
-      fail(op, ": ", arg, "[", i, "] has dtype ", dtype_name(t.scalar_type()), "; expected ",
+      fail(op, ": ", arg, "[", i, "] has dtype ", dtype_name(st), "; expected ",
            use == Use::kPaired ? "float32, float16 or bfloat16" : "float32, float16, bfloat16 or float64");
   }
 }
@@ -41,15 +41,14 @@ NormKind to_norm_kind(const char* op, double norm_type) {
   return NormKind::kP;
 }
 
-DType to_scalar_dtype(const char* op, const char* arg, const Tensor& t) {
-  switch (dtype_of(t)) {
+DType to_scalar_dtype(const char* op, const char* arg, ScalarType st) {
+  switch (st) {
     case ScalarType::Float: return DType::kFloat32;
     case ScalarType::Half: return DType::kFloat16;
     case ScalarType::BFloat16: return DType::kBFloat16;
     case ScalarType::Double: return DType::kFloat64;
     default:
-      fail(op, ": ", arg, " has dtype ", dtype_name(t.scalar_type()),
-           "; expected a one-element floating-point tensor");
+      fail(op, ": ", arg, " has dtype ", dtype_name(st), "; expected a one-element floating-point tensor");
   }
 }
 
@@ -82,61 +81,67 @@ double list_value(const char* op, const char* arg, double v, const std::vector<S
 
 // ---- the per-tensor checks, shared with binding_optim.cpp (declared in binding.h) ----
 
-Span check_tensor(const char* op, const char* arg, int64_t i, const Tensor& t, const Device& device,
-                  Use use) {
-  GRADACC_CHECK(t.defined(), op, ": ", arg, "[", i, "] is undefined (None)");
-  GRADACC_CHECK(is_strided(t), op, ": ", arg, "[", i, "] has layout ", layout_name(t.layout()),
+Span check_tensor(const char* op, const char* arg, int64_t i, TensorRef t, const Device& device, Use use,
+                  torch::headeronly::IntHeaderOnlyArrayRef* sizes) {
+  const TensorFacts f = facts_of(t, sizes != nullptr);
+  GRADACC_CHECK(f.defined, op, ": ", arg, "[", i, "] is undefined (None)");
+  GRADACC_CHECK(f.strided, op, ": ", arg, "[", i, "] has layout ", layout_name(layout_of(t)),
                 "; expected a dense (strided) tensor");
-  GRADACC_CHECK(device_of(t) == device, op, ": ", arg, "[", i, "] is on ", device_name(t.device()),
-                " but the tensors are on ", device_name(device), "; all tensors must be on one device");
-  const DType dtype = to_dtype(op, arg, i, t, use);
-  if (use == Use::kSingleList) {
-    // is_contiguous() first: one shim call instead of the four of sizes() and strides().
-    GRADACC_CHECK(t.is_contiguous() || is_non_overlapping_and_dense(t), op, ": ", arg, "[", i,
-                  "] is not dense (sizes ", shape_str(t.sizes()), ", strides ", shape_str(t.strides()),
+  GRADACC_CHECK(f.device_type == device.type() && f.device_index == device.index(), op, ": ", arg, "[", i,
+                "] is on ", device_name(f.device()), " but the tensors are on ", device_name(device),
+                "; all tensors must be on one device");
+  const DType dtype = to_dtype(op, arg, i, f.dtype, use);
+  if (!f.contiguous) {  // strides are read only here: the common case never needs them
+    const Shape shape = shape_of(t);
+    GRADACC_CHECK(use == Use::kSingleList, op, ": ", arg, "[", i, "] is not contiguous (sizes ",
+                  shape_str(shape.sizes), ", strides ", shape_str(shape.strides), "); expected a contiguous tensor");
+    GRADACC_CHECK(is_non_overlapping_and_dense(shape), op, ": ", arg, "[", i, "] is not dense (sizes ",
+                  shape_str(shape.sizes), ", strides ", shape_str(shape.strides),
                   "); expected a dense non-overlapping tensor, such as a contiguous or channels_last one");
-  } else {
-    GRADACC_CHECK(t.is_contiguous(), op, ": ", arg, "[", i, "] is not contiguous (sizes ", shape_str(t.sizes()),
-                  ", strides ", shape_str(t.strides()), "); expected a contiguous tensor");
   }
-  return Span{t.data_ptr(), t.numel(), dtype};
+  if (sizes != nullptr) *sizes = f.sizes;
+  return Span{data_of(t), f.numel, dtype};  // read last, as before: the checks above name a bad tensor first
 }
 
-std::vector<Span> check_list(const char* op, const char* arg, const TensorList& list, const Device& device,
-                             Use use) {
+std::vector<Span> check_list(const char* op, const char* arg, const TensorList& list, const Device& device, Use use,
+                             std::vector<torch::headeronly::IntHeaderOnlyArrayRef>* sizes) {
   std::vector<Span> spans;
   spans.reserve(list.size());
+  if (sizes != nullptr) sizes->resize(list.size());
   for (size_t i = 0; i < list.size(); ++i) {
-    spans.push_back(check_tensor(op, arg, int64_t(i), list[i], device, use));
+    spans.push_back(check_tensor(op, arg, int64_t(i), list[i], device, use, sizes ? &(*sizes)[i] : nullptr));
   }
   return spans;
 }
 
-void check_scalar(const char* op, const char* arg, const Tensor& t, const Device& device) {
-  GRADACC_CHECK(t.defined(), op, ": ", arg, " is undefined (None)");
-  GRADACC_CHECK(dtype_of(t) == ScalarType::Float, op, ": ", arg, " has dtype ", dtype_name(t.scalar_type()),
+void check_scalar(const char* op, const char* arg, TensorRef t, const Device& device) {
+  GRADACC_CHECK(is_defined(t), op, ": ", arg, " is undefined (None)");
+  const ScalarType dtype = dtype_of(t);
+  GRADACC_CHECK(dtype == ScalarType::Float, op, ": ", arg, " has dtype ", dtype_name(dtype),
                 "; expected a one-element float32 tensor");
-  GRADACC_CHECK(is_strided(t) && t.numel() == 1, op, ": ", arg, " has ", t.numel(),
+  const int64_t numel = numel_of(t);
+  GRADACC_CHECK(is_strided(t) && numel == 1, op, ": ", arg, " has ", numel,
                 " elements; expected a one-element float32 tensor");
-  GRADACC_CHECK(device_of(t) == device, op, ": ", arg, " is on ", device_name(t.device()), " but the tensors are on ",
+  const Device on = device_of(t);
+  GRADACC_CHECK(on == device, op, ": ", arg, " is on ", device_name(on), " but the tensors are on ",
                 device_name(device), "; expected it on the same device");
 }
 
-void check_same_shape(const char* op, const char* arg, int64_t i, const Tensor& t, const char* ref_arg,
-                      const Tensor& ref) {
-  GRADACC_CHECK(t.sizes().equals(ref.sizes()), op, ": ", arg, "[", i, "] has shape ", shape_str(t.sizes()), " but ",
-                ref_arg, "[", i, "] has shape ", shape_str(ref.sizes()), "; expected equal shapes");
+void check_same_shape(const char* op, const char* arg, int64_t i, torch::headeronly::IntHeaderOnlyArrayRef shape,
+                      const char* ref_arg, torch::headeronly::IntHeaderOnlyArrayRef ref_shape) {
+  GRADACC_CHECK(shape.equals(ref_shape), op, ": ", arg, "[", i, "] has shape ", shape_str(shape), " but ", ref_arg,
+                "[", i, "] has shape ", shape_str(ref_shape), "; expected equal shapes");
 }
 
-void check_pair_dtype(bool ok, const char* op, const char* arg, int64_t i, const Tensor& t, const char* ref_arg,
-                      const Tensor& ref, const char* expected) {
-  GRADACC_CHECK(ok, op, ": ", arg, "[", i, "] has dtype ", dtype_name(t.scalar_type()), " but ", ref_arg, "[", i,
-                "] has dtype ", dtype_name(ref.scalar_type()), "; expected ", expected);
+void check_pair_dtype(bool ok, const char* op, const char* arg, int64_t i, TensorRef t, const char* ref_arg,
+                      TensorRef ref, const char* expected) {
+  GRADACC_CHECK(ok, op, ": ", arg, "[", i, "] has dtype ", dtype_name(dtype_of(t)), " but ", ref_arg, "[", i,
+                "] has dtype ", dtype_name(dtype_of(ref)), "; expected ", expected);
 }
 
 Device list_device(const TensorList& list, const Tensor* fallback) {
-  for (const auto& t : list) {
-    if (t.defined()) return device_of(t);
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (is_defined(list[i])) return device_of(list[i]);
   }
   return fallback != nullptr ? device_of(*fallback) : Device(torch::headeronly::DeviceType::CPU);
 }
@@ -166,7 +171,8 @@ void check_disjoint(const char* op, const std::vector<const std::vector<Span>*>&
       ranges.emplace_back(start, start + uintptr_t(s.numel * element_bytes(s.dtype)));
     }
   }
-  std::sort(ranges.begin(), ranges.end());  // the accumulator's views come in address order: a linear pass
+  // The accumulator's views come in address order: one linear pass, and no sort.
+  if (!std::is_sorted(ranges.begin(), ranges.end())) std::sort(ranges.begin(), ranges.end());
   uintptr_t reach = 0;
   for (size_t i = 0; i < ranges.size(); ++i) {
     GRADACC_CHECK(i == 0 || ranges[i].first >= reach, op,
@@ -184,11 +190,12 @@ AccumulateParams accumulate_params(const char* op, const TensorList& bufs, const
                 bufs.size(), " and ", grads.size());
   const Device device = list_device(bufs, alpha_tensor ? &*alpha_tensor : nullptr);
   AccumulateParams p;
-  p.bufs = check_list(op, "bufs", bufs, device, Use::kPaired);
-  p.grads = check_list(op, "grads", grads, device, Use::kPaired);
+  std::vector<torch::headeronly::IntHeaderOnlyArrayRef> buf_sizes, grad_sizes;
+  p.bufs = check_list(op, "bufs", bufs, device, Use::kPaired, &buf_sizes);
+  p.grads = check_list(op, "grads", grads, device, Use::kPaired, &grad_sizes);
   check_disjoint(op, {&p.bufs});
   for (size_t i = 0; i < bufs.size(); ++i) {
-    check_same_shape(op, "grads", int64_t(i), grads[i], "bufs", bufs[i]);
+    check_same_shape(op, "grads", int64_t(i), grad_sizes[i], "bufs", buf_sizes[i]);
     const bool ok = p.bufs[i].dtype == DType::kFloat32 || p.bufs[i].dtype == p.grads[i].dtype;
     check_pair_dtype(ok, op, "bufs", int64_t(i), bufs[i], "grads", grads[i], "float32 or its grad's dtype");
   }
@@ -262,11 +269,13 @@ ScaleParams clip_norm_params(const char* op, const TensorList& tensors, const Te
   p.tensors = check_list(op, "tensors", tensors, device, Use::kSingleList);
   check_disjoint(op, {&p.tensors});
   // total_norm: one element of any float dtype (torch's get_total_norm returns the grads' dtype).
-  GRADACC_CHECK(total_norm.defined(), op, ": total_norm is undefined (None)");
-  const DType norm_dtype = to_scalar_dtype(op, "total_norm", total_norm);
-  GRADACC_CHECK(is_strided(total_norm) && total_norm.numel() == 1, op, ": total_norm has ",
-                total_norm.numel(), " elements; expected a one-element floating-point tensor");
-  GRADACC_CHECK(device_of(total_norm) == device, op, ": total_norm is on ", device_name(total_norm.device()),
+  GRADACC_CHECK(is_defined(total_norm), op, ": total_norm is undefined (None)");
+  const DType norm_dtype = to_scalar_dtype(op, "total_norm", dtype_of(total_norm));
+  const int64_t norm_numel = numel_of(total_norm);
+  GRADACC_CHECK(is_strided(total_norm) && norm_numel == 1, op, ": total_norm has ", norm_numel,
+                " elements; expected a one-element floating-point tensor");
+  const Device norm_device = device_of(total_norm);
+  GRADACC_CHECK(norm_device == device, op, ": total_norm is on ", device_name(norm_device),
                 " but the tensors are on ", device_name(device), "; expected it on the same device");
   // inf measures without clipping, 0 zeroes the tensors: torch's semantics.
   GRADACC_CHECK(max_norm >= 0, op, ": max_norm must be >= 0 (inf allowed), got ", max_norm);

@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "boxing.h"
 #include "kernels/params.h"
 #include "stable.h"
 
@@ -51,17 +52,22 @@ ScaleParams clip_value_params(const char* op, const TensorList& tensors, double 
 enum class Use { kPaired, kSingleList, kStep };
 
 // `arg`[i], a tensor the kernels read or write as one flat block of storage
-// on `device` (every tensor of every list must be there).
-Span check_tensor(const char* op, const char* arg, int64_t i, const Tensor& t, const Device& device, Use use);
-std::vector<Span> check_list(const char* op, const char* arg, const TensorList& list, const Device& device, Use use);
-// `arg`[i] pairs element by element with `ref_arg`[i].
-void check_same_shape(const char* op, const char* arg, int64_t i, const Tensor& t, const char* ref_arg,
-                      const Tensor& ref);
+// on `device` (every tensor of every list must be there). Each fact is read
+// once, through one shim call; `sizes`, when given, receives the tensor's
+// sizes for the pair checks that follow.
+Span check_tensor(const char* op, const char* arg, int64_t i, TensorRef t, const Device& device, Use use,
+                  torch::headeronly::IntHeaderOnlyArrayRef* sizes = nullptr);
+// check_tensor of each item; `sizes`, when given, receives each item's sizes.
+std::vector<Span> check_list(const char* op, const char* arg, const TensorList& list, const Device& device, Use use,
+                             std::vector<torch::headeronly::IntHeaderOnlyArrayRef>* sizes = nullptr);
+// `arg`[i] (of `shape`) pairs element by element with `ref_arg`[i] (of `ref_shape`).
+void check_same_shape(const char* op, const char* arg, int64_t i, torch::headeronly::IntHeaderOnlyArrayRef shape,
+                      const char* ref_arg, torch::headeronly::IntHeaderOnlyArrayRef ref_shape);
 // `ok`: whether `arg`[i]'s dtype goes with `ref_arg`[i]'s; `expected` says which would.
-void check_pair_dtype(bool ok, const char* op, const char* arg, int64_t i, const Tensor& t, const char* ref_arg,
-                      const Tensor& ref, const char* expected);
+void check_pair_dtype(bool ok, const char* op, const char* arg, int64_t i, TensorRef t, const char* ref_arg,
+                      TensorRef ref, const char* expected);
 // A one-element float32 tensor (a scale, flag, norm or step count) on `device`.
-void check_scalar(const char* op, const char* arg, const Tensor& t, const Device& device);
+void check_scalar(const char* op, const char* arg, TensorRef t, const Device& device);
 // The device of the list's first defined tensor; `fallback`'s (an output
 // tensor; else the CPU) when there is none.
 Device list_device(const TensorList& list, const Tensor* fallback);

@@ -23,16 +23,19 @@ namespace {
 // per param, of params' shape, of dtype `want(param dtype)`.
 template <typename Want>
 std::vector<Span> check_companions(const char* op, const char* arg, const TensorList& list, const TensorList& params,
-                                   const std::vector<Span>& param_spans, bool optional, const char* expected,
-                                   Want&& want) {
+                                   const std::vector<Span>& param_spans,
+                                   const std::vector<torch::headeronly::IntHeaderOnlyArrayRef>& param_sizes,
+                                   const Device& device, bool optional, const char* expected, Want&& want) {
   if (optional && list.empty()) return {};
   GRADACC_CHECK(list.size() == params.size(), op, ": ", arg, " must have one tensor per param (",
                 params.size(), optional ? ") or none" : ")", ", got ", list.size());
   std::vector<Span> spans;
   spans.reserve(list.size());
   for (size_t i = 0; i < list.size(); ++i) {
-    spans.push_back(check_tensor(op, arg, int64_t(i), list[i], device_of(params[i]), Use::kStep));
-    check_same_shape(op, arg, int64_t(i), list[i], "params", params[i]);
+    // params[i] is on `device` (checked first).
+    torch::headeronly::IntHeaderOnlyArrayRef sizes;
+    spans.push_back(check_tensor(op, arg, int64_t(i), list[i], device, Use::kStep, &sizes));
+    check_same_shape(op, arg, int64_t(i), sizes, "params", param_sizes[i]);
     check_pair_dtype(want(param_spans[i].dtype, spans.back().dtype), op, arg, int64_t(i), list[i], "params",
                      params[i], expected);
   }
@@ -74,12 +77,12 @@ struct StepArgs {
       const std::string& name = names[i];
       const StableIValue v = stack[i];
       const int slot = index_of(T::kState, T::kSlots, name), option = index_of(T::kOptions, kNumOptions, name);
-      if (slot >= 0) state[slot] = to<TensorList>(v);
+      if (slot >= 0) state[slot] = TensorList(v);
       else if (option >= 0) scalars.option[option] = (T::kBoolOptions >> option) & 1 ? to<bool>(v) : to<double>(v);
-      else if (name == "params") params = to<TensorList>(v);
-      else if (name == "grads") grads = to<TensorList>(v);
-      else if (name == "master_params") masters = to<TensorList>(v);
-      else if (name == "steps") steps = to<TensorList>(v);
+      else if (name == "params") params = TensorList(v);
+      else if (name == "grads") grads = TensorList(v);
+      else if (name == "master_params") masters = TensorList(v);
+      else if (name == "steps") steps = TensorList(v);
       else if (name == "lr") scalars.lr = to<double>(v);
       else if (name == "lr_tensor") lr_tensor = to<std::optional<Tensor>>(v);
       else if (name == "grad_mult") grad_mult = to<std::optional<Tensor>>(v);
@@ -128,11 +131,13 @@ OptimParams checked_params(const char* op, const StepArgs<T>& a) {
   p.kind = kKindOf<T>;
   const TensorList& params = a.params;
   const Device device = list_device(params, a.found_inf ? &*a.found_inf : nullptr);
-  p.params = check_list(op, "params", params, device, Use::kStep);
-  p.grads = check_companions(op, "grads", a.grads, params, p.params, false, "the param's dtype or float32",
+  std::vector<torch::headeronly::IntHeaderOnlyArrayRef> sizes;
+  p.params = check_list(op, "params", params, device, Use::kStep, &sizes);
+  p.grads = check_companions(op, "grads", a.grads, params, p.params, sizes, device, false,
+                             "the param's dtype or float32",
                              [](DType param, DType grad) { return grad == param || grad == DType::kFloat32; });
   p.mode = ParamMode(a.mode);
-  p.masters = check_companions(op, "master_params", a.masters, params, p.params, true,
+  p.masters = check_companions(op, "master_params", a.masters, params, p.params, sizes, device, true,
                                "float32 (master weights of a float16 or bfloat16 param)", [](DType param, DType m) {
                                  return m == DType::kFloat32 && (param == DType::kFloat16 || param == DType::kBFloat16);
                                });
@@ -146,7 +151,7 @@ OptimParams checked_params(const char* op, const StepArgs<T>& a) {
                 steps_required ? "" : " (or none)", ", got ", num_steps);
   for (size_t i = 0; i < num_steps; ++i) {
     check_scalar(op, ("steps[" + std::to_string(i) + "]").c_str(), a.steps[i], device);
-    p.steps.push_back(a.steps[i].template mutable_data_ptr<float>());
+    p.steps.push_back(static_cast<float*>(data_of(a.steps[i])));  // float32: checked
   }
   const std::pair<const char*, const std::optional<Tensor>*> scalars[] = {
       {"lr_tensor", &a.lr_tensor}, {"grad_mult", &a.grad_mult}, {"found_inf", &a.found_inf}};
@@ -158,7 +163,7 @@ OptimParams checked_params(const char* op, const StepArgs<T>& a) {
   }
   bool has[kMaxStateSlots] = {};
   for (int s = 0; s < T::kSlots; ++s) {
-    p.state[s] = check_companions(op, T::kState[s], a.state[s], params, p.params, T::kStateOptional[s],
+    p.state[s] = check_companions(op, T::kState[s], a.state[s], params, p.params, sizes, device, T::kStateOptional[s],
                                   "float32 (float64 for a float64 param)", is_state_dtype);
     has[s] = !p.state[s].empty();
   }

@@ -10,6 +10,7 @@
 
 #include "binding.h"
 #include "binding_optim.h"
+#include "boxing.h"
 #include "cpu/isa.h"
 #include "cpu/kernels_cpu.h"
 #include "stable.h"
@@ -116,12 +117,12 @@ STABLE_TORCH_LIBRARY(gradacc, m) {
 }
 
 void register_cpu_impls(torch::stable::detail::StableLibrary& m) {
-  m.impl("accumulate_", TORCH_BOX(&accumulate_cpu));
-  m.impl("accumulate_final_", TORCH_BOX(&accumulate_final_cpu));
-  m.impl("global_norm", TORCH_BOX(&global_norm_cpu));
-  m.impl("unscale_", TORCH_BOX(&unscale_cpu));
-  m.impl("clip_by_norm_", TORCH_BOX(&clip_by_norm_cpu));
-  m.impl("clip_by_value_", TORCH_BOX(&clip_by_value_cpu));
+  m.impl("accumulate_", box<&accumulate_cpu>);
+  m.impl("accumulate_final_", box<&accumulate_final_cpu>);
+  m.impl("global_norm", box<&global_norm_cpu>);
+  m.impl("unscale_", box<&unscale_cpu>);
+  m.impl("clip_by_norm_", box<&clip_by_norm_cpu>);
+  m.impl("clip_by_value_", box<&clip_by_value_cpu>);
   binding::impl_optim_ops<binding::run_cpu_step>(m);
 }
 
@@ -138,11 +139,11 @@ STABLE_TORCH_LIBRARY_IMPL(gradacc, SparseCsrCUDA, m) { register_cpu_impls(m); }
 
 // The ops without tensor arguments run whatever the device.
 STABLE_TORCH_LIBRARY_IMPL(gradacc, CompositeExplicitAutograd, m) {
-  m.impl("compiled_info", TORCH_BOX(&compiled_info));
-  m.impl("cpu_isa", TORCH_BOX(&cpu_isa));
-  m.impl("supported_cpu_isa", TORCH_BOX(&supported_cpu_isa));
-  m.impl("set_cpu_isa", TORCH_BOX(&set_cpu_isa));
-  m.impl("init_cpu_isa", TORCH_BOX(&init_cpu_isa));
+  m.impl("compiled_info", box<&compiled_info>);
+  m.impl("cpu_isa", box<&cpu_isa>);
+  m.impl("supported_cpu_isa", box<&supported_cpu_isa>);
+  m.impl("set_cpu_isa", box<&set_cpu_isa>);
+  m.impl("init_cpu_isa", box<&init_cpu_isa>);
 }
 
 }  // namespace gradacc

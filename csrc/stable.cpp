@@ -66,9 +66,9 @@ std::string shape_str(torch::headeronly::IntHeaderOnlyArrayRef dims) {
   return s + "]";
 }
 
-bool is_non_overlapping_and_dense(const Tensor& t) {
-  const auto sizes = t.sizes();
-  const auto strides = t.strides();
+bool is_non_overlapping_and_dense(const Shape& s) {
+  const auto& sizes = s.sizes;
+  const auto& strides = s.strides;
   const int64_t dim = int64_t(sizes.size());
   if (dim == 1) return sizes[0] < 2 || strides[0] == 1;
   // c10::TensorImpl's rule: visit the dims by increasing stride (size-1 dims
@@ -90,50 +90,128 @@ bool is_non_overlapping_and_dense(const Tensor& t) {
   return true;
 }
 
-// The stable Tensor's scalar_type(), layout() and device() turn torch's code
-// into the enum by calling one shim function per candidate (7 calls for
-// float32, 13 for bfloat16). The codes are fixed for a process, so they are
-// looked up once here, and each query costs one shim call.
+// torch's dtype, layout and device codes are fixed for a process: the ones
+// the checks compare with are looked up once here, so each query costs one
+// shim call, and only an unexpected code goes through the stable API's
+// general conversion (one shim call per candidate), for its message.
 namespace {
+
+using torch::stable::detail::from;
+using torch::stable::detail::to;
 
 template <typename Enum>
 int32_t shim_code(Enum value) {
-  return torch::stable::detail::to<int32_t>(torch::stable::detail::from(value));
+  return to<int32_t>(from(value));
+}
+
+// The codes the checks compare with, behind one static guard.
+struct Codes {
+  int32_t strided = shim_code(Layout::Strided);
+  int32_t cpu = shim_code(torch::headeronly::DeviceType::CPU);
+  int32_t cuda = shim_code(torch::headeronly::DeviceType::CUDA);
+  std::pair<int32_t, ScalarType> dtypes[4] = {{shim_code(ScalarType::Float), ScalarType::Float},
+                                              {shim_code(ScalarType::Half), ScalarType::Half},
+                                              {shim_code(ScalarType::BFloat16), ScalarType::BFloat16},
+                                              {shim_code(ScalarType::Double), ScalarType::Double}};
+};
+
+const Codes& codes() {
+  static const Codes c;
+  return c;
+}
+
+ScalarType dtype_from(const Codes& c, int32_t code) {
+  for (const auto& [known, st] : c.dtypes) {
+    if (known == code) return st;
+  }
+  return to<ScalarType>(from(code));  // not a float dtype: named for the message
+}
+
+torch::headeronly::DeviceType device_type_from(const Codes& c, int32_t type) {
+  using torch::headeronly::DeviceType;
+  return type == c.cpu ? DeviceType::CPU : type == c.cuda ? DeviceType::CUDA : to<DeviceType>(from(type));
 }
 
 }  // namespace
 
-ScalarType dtype_of(const Tensor& t) {
-  static const std::vector<std::pair<int32_t, ScalarType>> codes = [] {
-    std::vector<std::pair<int32_t, ScalarType>> out;
-    for (ScalarType st : {ScalarType::Float, ScalarType::Half, ScalarType::BFloat16, ScalarType::Double}) {
-      out.emplace_back(shim_code(st), st);
-    }
-    return out;
-  }();
+TensorFacts facts_of(TensorRef t, bool with_sizes) {
+  const Codes& c = codes();
+  const AtenTensorHandle h = t.get();
+  TensorFacts f;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_is_defined(h, &f.defined));
+  if (!f.defined) return f;
+  int32_t layout = 0, type = 0, index = 0, dtype = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_layout(h, &layout));
+  f.strided = layout == c.strided;
+  if (!f.strided) return f;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(h, &type));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(h, &index));
+  f.device_type = device_type_from(c, type);
+  f.device_index = torch::stable::DeviceIndex(index);
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(h, &dtype));
+  f.dtype = dtype_from(c, dtype);
+  TORCH_ERROR_CODE_CHECK(aoti_torch_is_contiguous(h, &f.contiguous));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_numel(h, &f.numel));
+  if (with_sizes) {
+    int64_t dim = 0;
+    int64_t* sizes = nullptr;
+    TORCH_ERROR_CODE_CHECK(aoti_torch_get_dim(h, &dim));
+    TORCH_ERROR_CODE_CHECK(aoti_torch_get_sizes(h, &sizes));
+    f.sizes = {sizes, size_t(dim)};
+  }
+  return f;
+}
+
+bool is_defined(TensorRef t) {
+  bool defined = false;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_is_defined(t.get(), &defined));
+  return defined;
+}
+
+ScalarType dtype_of(TensorRef t) {
   int32_t code = 0;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(t.get(), &code));
-  for (const auto& [c, st] : codes) {
-    if (c == code) return st;
-  }
-  return t.scalar_type();  // not a float dtype: torch's own conversion names it
+  return dtype_from(codes(), code);
 }
 
-bool is_strided(const Tensor& t) {
-  static const int32_t strided = shim_code(Layout::Strided);
+bool is_strided(TensorRef t) {
   int32_t code = 0;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_layout(t.get(), &code));
-  return code == strided;
+  return code == codes().strided;
 }
 
-Device device_of(const Tensor& t) {
-  using torch::headeronly::DeviceType;
-  static const int32_t cpu = shim_code(DeviceType::CPU), cuda = shim_code(DeviceType::CUDA);
+Layout layout_of(TensorRef t) {
+  int32_t code = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_layout(t.get(), &code));
+  return to<Layout>(from(code));
+}
+
+Device device_of(TensorRef t) {
   int32_t type = 0, index = 0;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t.get(), &type));
-  if (type != cpu && type != cuda) return t.device();
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(t.get(), &index));
-  return Device(type == cpu ? DeviceType::CPU : DeviceType::CUDA, torch::stable::DeviceIndex(index));
+  return Device(device_type_from(codes(), type), torch::stable::DeviceIndex(index));
+}
+
+void* data_of(TensorRef t) {
+  void* data = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_data_ptr(t.get(), &data));
+  return data;
+}
+
+Shape shape_of(TensorRef t) {
+  int64_t dim = 0;
+  int64_t *sizes = nullptr, *strides = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dim(t.get(), &dim));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_sizes(t.get(), &sizes));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_strides(t.get(), &strides));
+  return Shape{{sizes, size_t(dim)}, {strides, size_t(dim)}};
+}
+
+int64_t numel_of(TensorRef t) {
+  int64_t numel = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_numel(t.get(), &numel));
+  return numel;
 }
 
 }  // namespace gradacc

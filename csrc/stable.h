@@ -21,7 +21,6 @@
 namespace gradacc {
 
 using Tensor = torch::stable::Tensor;
-using TensorList = std::vector<Tensor>;
 using Device = torch::stable::Device;
 using ScalarType = torch::headeronly::ScalarType;
 using Layout = torch::headeronly::Layout;
@@ -46,13 +45,55 @@ std::string layout_name(Layout layout);
 std::string device_name(const Device& device);
 // "[2, 3]", as torch prints a size or stride list.
 std::string shape_str(torch::headeronly::IntHeaderOnlyArrayRef dims);
-// t.scalar_type(), t.layout() == Strided and t.device() in one or two shim
-// calls each, for the checks every tensor of every list goes through.
-ScalarType dtype_of(const Tensor& t);
-bool is_strided(const Tensor& t);
-Device device_of(const Tensor& t);
-// c10's is_non_overlapping_and_dense, which the stable Tensor lacks,
-// computed from sizes() and strides().
-bool is_non_overlapping_and_dense(const Tensor& t);
+
+// A tensor the binding borrows for one call: an item of a TensorList
+// (boxing.h) or a Tensor argument. The checks read it through the C shim
+// directly, one call per fact; torch::stable::Tensor's getters do the same
+// but need an owning Tensor, and some (scalar_type, layout, device) convert
+// torch's code by calling one shim function per candidate enum value.
+class TensorRef {
+ public:
+  TensorRef(AtenTensorHandle handle) : handle_(handle) {}  // NOLINT(google-explicit-constructor)
+  TensorRef(const Tensor& t) : handle_(t.get()) {}         // NOLINT(google-explicit-constructor)
+  AtenTensorHandle get() const { return handle_; }
+
+ private:
+  AtenTensorHandle handle_;
+};
+
+bool is_defined(TensorRef t);
+ScalarType dtype_of(TensorRef t);
+bool is_strided(TensorRef t);
+Layout layout_of(TensorRef t);
+Device device_of(TensorRef t);
+void* data_of(TensorRef t);
+int64_t numel_of(TensorRef t);
+
+// Sizes and strides, read in place (pointers into the TensorImpl, no copy;
+// valid while the tensor lives).
+struct Shape {
+  torch::headeronly::IntHeaderOnlyArrayRef sizes, strides;
+};
+Shape shape_of(TensorRef t);
+// c10's is_non_overlapping_and_dense, which the stable Tensor lacks.
+bool is_non_overlapping_and_dense(const Shape& s);
+
+// What the per-tensor checks of a list item read, each fact by one shim
+// call, in one pass: the layout only of a defined tensor, the rest only of a
+// strided one (a sparse tensor has no strides to read), and
+// the sizes only `with_sizes` (for the pair checks). Contiguity and numel are
+// torch's own (one call each, fewer than sizes and strides plus our loops).
+struct TensorFacts {
+  bool defined = false, strided = false, contiguous = false;
+  // Not a torch::stable::Device member: its namespace has hidden visibility.
+  torch::headeronly::DeviceType device_type = torch::headeronly::DeviceType::CPU;
+  torch::stable::DeviceIndex device_index = -1;
+  ScalarType dtype = ScalarType::Undefined;
+  int64_t numel = 0;
+  torch::headeronly::IntHeaderOnlyArrayRef sizes;
+
+  Device device() const { return Device(device_type, device_index); }
+};
+TensorFacts facts_of(TensorRef t, bool with_sizes);
 
 }  // namespace gradacc

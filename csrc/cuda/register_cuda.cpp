@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "../binding.h"
+#include "../boxing.h"
 #include "../stable.h"
 #include "launch.h"
 #include "stream.h"
@@ -36,7 +37,7 @@ void accumulate_cuda(const TensorList& bufs, const TensorList& grads, double alp
                      const std::optional<Tensor>& alpha_tensor, bool assign) {
   const auto p = binding::accumulate_params("gradacc.accumulate_", bufs, grads, alpha, alpha_tensor, assign);
   if (p.bufs.empty()) return;  // nothing to write
-  run_accumulate(p, bufs[0].device());
+  run_accumulate(p, device_of(bufs[0]));
 }
 
 void accumulate_final_cuda(const TensorList& bufs, const TensorList& grads, double alpha,
@@ -54,8 +55,8 @@ std::tuple<Tensor, Tensor> global_norm_cuda(const TensorList& tensors, double no
   // Only a CUDA tensor in the list routes the op here, so the list is not empty.
   GRADACC_CHECK(!tensors.empty(), "gradacc.global_norm: CUDA kernel called with an empty list");
   auto [total, each] = binding::norm_outputs(tensors, per_tensor, p);
-  run_on(tensors[0].device(), [&](cudaStream_t stream) {
-    const std::optional<Tensor> ws = workspace(cuda::norm_workspace_bytes(p), tensors[0].device());
+  run_on(device_of(tensors[0]), [&](cudaStream_t stream) {
+    const std::optional<Tensor> ws = workspace(cuda::norm_workspace_bytes(p), device_of(tensors[0]));
     return cuda::launch_norm(p, data_or_null(ws), stream);
   });
   return {total, each};
@@ -74,18 +75,18 @@ void clip_by_norm_cuda(const TensorList& tensors, const Tensor& total_norm, doub
 void clip_by_value_cuda(const TensorList& tensors, double clip_value) {
   const auto p = binding::clip_value_params("gradacc.clip_by_value_", tensors, clip_value);
   if (p.tensors.empty()) return;  // nothing to write
-  run_on(tensors[0].device(), [&](cudaStream_t stream) { return cuda::launch_scale(p, stream); });
+  run_on(device_of(tensors[0]), [&](cudaStream_t stream) { return cuda::launch_scale(p, stream); });
 }
 
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(gradacc, CUDA, m) {
-  m.impl("accumulate_", TORCH_BOX(&accumulate_cuda));
-  m.impl("accumulate_final_", TORCH_BOX(&accumulate_final_cuda));
-  m.impl("global_norm", TORCH_BOX(&global_norm_cuda));
-  m.impl("unscale_", TORCH_BOX(&unscale_cuda));
-  m.impl("clip_by_norm_", TORCH_BOX(&clip_by_norm_cuda));
-  m.impl("clip_by_value_", TORCH_BOX(&clip_by_value_cuda));
+  m.impl("accumulate_", box<&accumulate_cuda>);
+  m.impl("accumulate_final_", box<&accumulate_final_cuda>);
+  m.impl("global_norm", box<&global_norm_cuda>);
+  m.impl("unscale_", box<&unscale_cuda>);
+  m.impl("clip_by_norm_", box<&clip_by_norm_cuda>);
+  m.impl("clip_by_value_", box<&clip_by_value_cuda>);
 }
 
 }  // namespace gradacc

@@ -1,0 +1,51 @@
+"""The compiled ops own the tensor handles the dispatcher hands them (csrc/boxing.h's TensorList) and must
+release every one when the call ends, whether it returns or throws: a handle kept alive keeps a C++
+reference, which torch turns into a reference to the tensor's Python object (seen by sys.getrefcount)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from _devices import require_ext
+
+
+def refcounts(tensors: list[torch.Tensor]) -> list[int]:
+    return [sys.getrefcount(t) for t in tensors]
+
+
+def calls(device: str, gen: torch.Generator) -> dict:
+    """One raw call per kind of kernel: Tensor[] lists, optional and plain tensors, outputs, a boxed step."""
+    t = {k: [torch.randn(5, generator=gen).to(device) for _ in range(3)] for k in ("a", "b", "p", "g", "m")}
+    one, zero = torch.ones(1, device=device), torch.zeros(1, device=device)
+    steps = [torch.zeros((), device=device) for _ in range(3)]
+    ops = torch.ops.gradacc
+    return {
+        "accumulate_": (lambda: ops.accumulate_(t["a"], t["b"], 0.5, one, False), t["a"] + t["b"] + [one]),
+        "unscale_": (lambda: ops.unscale_(t["a"], one, zero), t["a"] + [one, zero]),
+        "global_norm": (lambda: ops.global_norm(t["a"], 2.0, True), t["a"]),
+        "clip_by_value_": (lambda: ops.clip_by_value_(t["a"], 1.0), t["a"]),
+        "sgd_step_": (
+            lambda: ops.sgd_step_(t["p"], t["g"], t["m"], [], steps, 0.1, None, None, zero, 0.9, 0.0, 0.0, False,
+                                  False, 0, 0),
+            t["p"] + t["g"] + t["m"] + steps + [zero],
+        ),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("op", ["accumulate_", "unscale_", "global_norm", "clip_by_value_", "sgd_step_"])
+@pytest.mark.parametrize("fails", [False, True], ids=["returns", "throws"])
+def test_every_handle_is_released(device, gen, op, fails):
+    require_ext(device)
+    call, tensors = calls(device, gen)[op]
+    if fails:  # the first list's last item breaks a check; every argument was unboxed by then
+        tensors[2].data = torch.randn(10, generator=gen).to(device)[::2]  # neither contiguous nor dense
+    before = refcounts(tensors)
+    for _ in range(3):
+        if fails:
+            with pytest.raises(RuntimeError, match="not contiguous|not dense"):
+                call()
+        else:
+            call()
+    assert refcounts(tensors) == before
