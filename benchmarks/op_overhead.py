@@ -29,16 +29,21 @@ import gradacc_ext.ops as gops
 
 
 def calls(op: str, impl: str, n: int, numel: int) -> Callable[[], None]:
-    """One call of `op` by `impl` ("raw" or "eager") over n fp32 tensors (and n grads) of numel elements."""
+    """One call of `op` by `impl` over n fp32 tensors (and n grads) of numel elements: "raw" is
+    `torch.ops.gradacc.<op>`, "public" `gradacc_ext.ops.<op>` (the Python checks too: what users call)."""
     bufs = [torch.randn(numel) for _ in range(n)]
     grads = [torch.randn(numel) for _ in range(n)]
     inv_scale, found_inf = torch.ones(1), torch.zeros(1)  # x1: the values stay finite however often it runs
     if op == "accumulate_":
         if impl == "raw":
             return lambda: torch.ops.gradacc.accumulate_(bufs, grads, 1.0, None, False)
+        if impl == "public":
+            return lambda: gops.accumulate_(bufs, grads, 1.0)
         return lambda: torch._foreach_add_(bufs, grads)
     if impl == "raw":
         return lambda: torch.ops.gradacc.unscale_(bufs, inv_scale, found_inf)
+    if impl == "public":
+        return lambda: gops.unscale_(bufs, inv_scale, found_inf)
     return lambda: torch._amp_foreach_non_finite_check_and_unscale_(bufs, found_inf, inv_scale)
 
 
@@ -62,13 +67,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds, median printed (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=20, help="untimed calls first (default: %(default)s)")
     parser.add_argument("--op", choices=["accumulate_", "unscale_"], action="append", help="default: both")
-    parser.add_argument("--impl", choices=["raw", "eager"], action="append", help="default: both")
+    parser.add_argument("--impl", choices=["raw", "public", "eager"], action="append", help="default: all three")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     args = parser.parse_args()
     if not gops.extension_loaded():
         raise SystemExit("gradacc_ext._C is not loaded: nothing to measure")
     torch.set_num_threads(args.threads)
-    impls = args.impl or ["raw", "eager"]
+    impls = args.impl or ["raw", "public", "eager"]
     print(
         f"{args.tensors} fp32 tensors of {args.numel}, {args.threads} thread(s), median of {args.rounds} x "
         f"{args.calls} calls"
