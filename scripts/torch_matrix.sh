@@ -24,7 +24,8 @@
 # Ends with one Markdown table row per (torch, wheel), printed and written to the report; the logs
 # lie under DIR/logs. Exit status 1 when any row did not pass.
 #
-# Multi-GB installs: a script run by hand and recorded, NOT part of .ci/run.
+# Multi-GB installs: a script run by hand and recorded, NOT part of .ci/run. One run per cache
+# dir at a time (runs share the venvs).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -74,7 +75,7 @@ count() {
 
 # Makes (or reuses) the venv for torch $1 and prints its path.
 torch_venv() {
-    local version=$1 venv=$cache/torch-$1-py$pyver log=$cache/logs/venv-torch-$1.log
+    local version=$1 venv=$cache/torch-$1-py$pyver log=$cache/logs/venv-torch-$1-py$pyver.log
     if [[ -f $venv/.torch-ready ]] && [[ $("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null) == "$version" ]]; then
         echo "reusing $venv" >&2
     else
@@ -92,7 +93,7 @@ torch_venv() {
 test_wheel() {
     local venv=$1 wheel=$2 version=$3 name log scratch start summary counts how
     name=$(basename "$wheel")
-    log=$cache/logs/torch-$version--${name%.whl}.log
+    log=$cache/logs/torch-$version-py$pyver--${name%.whl}.log
     scratch=$(mktemp -d)
     how="py$pyver, CPU, from site-packages, \`gradacc selftest --device cpu\`, suite from a copy of tests/ with GRADACC_REQUIRE_EXT=1"
     [[ ${pytest_args[*]} == tests ]] || how+=" (pytest ${pytest_args[*]})"
