@@ -128,9 +128,17 @@ assert gradacc_ext.extension_loaded(), info
 print("gradacc_ext from", gradacc_ext.__file__)
 print(f"built with torch {info['built_torch_version']} (CUDA {info['built_cuda_version']}), "
       f"running torch {info['running_torch_version']} (CUDA {info['running_cuda_version']})")
+if info["with_cuda"] and torch.version.cuda:
+    # What the CUDA _C looks up at its first CUDA op (no GPU here to run one), looked up the same way.
+    import ctypes, os
+    lib = ctypes.CDLL("libtorch_cuda.so", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    assert lib.aoti_torch_get_current_cuda_stream, "no aoti_torch_get_current_cuda_stream"
+    print("CUDA wheel beside a CUDA torch: aoti_torch_get_current_cuda_stream resolves in the loaded libtorch_cuda.so")
 print(json.dumps(info, indent=1))
 PY
-    sed -n '/^gradacc_ext from/,/^built with/p' "$log"
+    grep -E '^(gradacc_ext from|built with|CUDA wheel beside)' "$log"
+    ! grep -q '^CUDA wheel beside' "$log" ||
+        how+="; its CUDA kernels loaded (aoti_torch_get_current_cuda_stream resolves), not run: no GPU"
     { echo "=== gradacc info"; "$venv/bin/gradacc" info; } >>"$log" 2>&1 || { fail "gradacc info"; return 1; }
     { echo "=== gradacc selftest --device cpu"; "$venv/bin/gradacc" selftest --device cpu; } >>"$log" 2>&1 ||
         { fail "selftest"; return 1; }
