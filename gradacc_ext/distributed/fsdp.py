@@ -104,14 +104,17 @@ class FSDP2Sync(LocalSync):
         partial shard-group sums (reducing zeros beside them: set_reduce_scatter_unused_params). FSDP sets the
         results as the shards' .grad, whose hooks fold them into the buffers. Every rank's flush() runs the same
         collectives, as every rank's closing backward would. Uses FSDP2's root state (a private method of
-        FSDPModule, torch 2.13); without it the error of before_finish stands."""
+        FSDPModule); without it, or where the release needs the zeros that torch 2.11 cannot send, the error of
+        before_finish stands."""
         root = getattr(self.model, "_get_fsdp_state", None)
-        if not self._held or root is None:
+        if not self._held or root is None or not self._can_release():
             return
         self.model.set_requires_gradient_sync(True)
         if self.hsdp:
             self.model.set_requires_all_reduce(True)
-        self.model.set_reduce_scatter_unused_params(True)
+        zeros = self._sends_zeros()
+        if zeros:
+            self.model.set_reduce_scatter_unused_params(True)
         hooks.arm(1.0)  # FSDP weighs micro-batches in the loss (weights_micro_batches = False)
         try:
             root()._root_post_backward_final_callback()
@@ -120,14 +123,27 @@ class FSDP2Sync(LocalSync):
             hooks.abort()  # disarm; the window end does not run (told_to_peers names a failed peer)
             raise
         finally:
-            self.model.set_reduce_scatter_unused_params(False)
+            if zeros:
+                self.model.set_reduce_scatter_unused_params(False)
         self._held = False
+
+    def _sends_zeros(self) -> bool:
+        """Whether FSDP can reduce zeros for parameters without a gradient (set_reduce_scatter_unused_params:
+        in torch 2.13, not in 2.11)."""
+        return hasattr(self.model, "set_reduce_scatter_unused_params")
+
+    def _can_release(self) -> bool:
+        """Whether flush() can release the held sums. In "window" mode FSDP holds unsharded gradients, which the
+        callback reduces as a closing backward would; under HSDP "micro_step" it holds only partial shard-group
+        sums, and no parameter has a gradient to carry their all-reduce: without the zeros FSDP would skip it."""
+        return self._sends_zeros() or not (self.hsdp and self.mode == "micro_step")
 
     def before_finish(self) -> None:
         if self._held:
             raise RuntimeError(
                 self._held_message(
-                    "close a short window with flush()",
+                    "close a short window with flush()"
+                    + ("" if self._can_release() else " (that needs FSDPModule.set_reduce_scatter_unused_params)"),
                     "let the data's last micro-batch close it: loop with `for batch in acc.iterate(loader):` (it "
                     "knows the last batch ahead; a flush() after the loop is then a no-op), or run the last batch "
                     "in `with acc.micro_step(last=True):`",
