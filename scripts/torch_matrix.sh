@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Usage: scripts/torch_matrix.sh --wheel PATH [--wheel PATH ...] [--torch VERSION ...]
-#            [--cache DIR] [--report PATH] [--python PY] [-- EXTRA_PYTEST_ARGS...]
+#            [--cache DIR] [--report PATH] [--python PY] [-- PYTEST_ARGS...]
 #
 # Proof that a built gradacc_ext wheel runs with torch versions other than the one it was built
 # against (issue 22, point 4; the result goes to docs/install.md "Which torch the wheels run with").
