@@ -372,18 +372,51 @@ def test_packaging_metadata_uses_spdx_and_lists_tqdm():
     assert any(dep.startswith("tqdm") for dep in project["dependencies"])
 
 
+def setup_version(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """`python setup.py --version` in a copy of the build files (setup.py writes its build config next to
+    itself), with `env` added: what the wheel would be named, without building anything."""
+    tree = tmp_path / "tree"
+    (tree / "gradacc_ext").mkdir(parents=True)
+    for name in ("setup.py", "pyproject.toml", "README.md", "gradacc_ext/__init__.py"):  # __init__: the version
+        shutil.copy(ROOT / name, tree / name)
+    return subprocess.run(
+        [sys.executable, "setup.py", "--version"], cwd=tree, capture_output=True, text=True,
+        env={**os.environ, **env}, timeout=300,
+    )  # fmt: skip
+
+
 @source_tree_only
 def test_setup_without_numpy_prints_no_warning(tmp_path):
     # A fresh venv builds before numpy arrives (it comes with the `test` extra); torch warns at import then.
-    site, tree = tmp_path / "site", tmp_path / "tree"
+    site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text("import sys\nsys.modules['numpy'] = None  # as if not installed\n")
-    (tree / "gradacc_ext").mkdir(parents=True)  # a copy: setup.py writes its build config next to itself
-    for name in ("setup.py", "pyproject.toml", "README.md", "gradacc_ext/__init__.py"):  # __init__: the version
-        shutil.copy(ROOT / name, tree / name)
-    env = {**os.environ, "PYTHONPATH": str(site), "GRADACC_NO_EXT": "0"}
-    proc = subprocess.run(
-        [sys.executable, "setup.py", "--version"], cwd=tree, capture_output=True, text=True, env=env, timeout=300
-    )
+    proc = setup_version(tmp_path, PYTHONPATH=str(site), GRADACC_NO_EXT="0")
     assert proc.returncode == 0, proc.stderr
     assert "NumPy" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr
+
+
+@source_tree_only
+@pytest.mark.parametrize(
+    ("env", "suffix"),
+    [({"GRADACC_NO_CUDA": "1"}, ""), ({"GRADACC_NO_EXT": "1"}, ""), ({"GRADACC_FORCE_CUDA": "1"}, "+cu")],
+    ids=["cpu", "no_ext", "force_cuda"],
+)
+def test_setup_names_the_cuda_wheel_by_its_toolkit(tmp_path, env, suffix):
+    """The CUDA wheel's version carries the nvcc it was built with (0.1.0+cu130), as torch names its CUDA wheels;
+    the CPU and pure-Python ones carry none. GRADACC_FORCE_CUDA=1 needs only nvcc, a CPU torch will do."""
+    if suffix and shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists():
+        pytest.skip("no nvcc: the CUDA variant cannot be configured here")
+    proc = setup_version(tmp_path, **{"GRADACC_NO_EXT": "0", "GRADACC_NO_CUDA": "0", "GRADACC_FORCE_CUDA": "0", **env})
+    assert proc.returncode == 0, proc.stderr
+    version = proc.stdout.strip().splitlines()[-1]
+    assert version.startswith(gradacc_ext.__version__), version
+    local = version.removeprefix(gradacc_ext.__version__)
+    if suffix:
+        nvcc = subprocess.run(
+            [shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc", "--version"], capture_output=True, text=True
+        ).stdout
+        release = nvcc.split("release ")[1].split(",")[0]
+        assert local == "+cu" + release.replace(".", ""), version
+    else:
+        assert local == "", version
