@@ -58,7 +58,8 @@ pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 # The test and plot extras as pyproject.toml states them (the demo and benchmark-report tests draw
 # PNGs with matplotlib); tqdm is a dependency of the package itself, which --no-deps skips;
 # lion-pytorch (the FusedLion oracle) depends on torch, so it goes in with --no-deps.
-read -r -a test_deps < <("$python" - "$root/pyproject.toml" <<'PY'
+# Read with this machine's python3 (tomllib: 3.11+), not --python, which may be 3.10.
+read -r -a test_deps < <(python3 - "$root/pyproject.toml" <<'PY'
 import sys, tomllib
 extras = tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]
 deps = extras["test"] + extras["plot"]
