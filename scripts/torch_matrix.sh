@@ -119,22 +119,8 @@ test_wheel() {
 import torch
 build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
 print(f"torch {torch.__version__} ({build}, run on the CPU)")') || { fail "import torch"; return 1; }
-    "$venv/bin/python" - "$version" >>"$log" 2>&1 <<'PY' || { fail "load check"; return 1; }
-import json, sys, torch
-import gradacc_ext
-assert torch.__version__.split("+")[0] == sys.argv[1], f"torch {torch.__version__} replaced {sys.argv[1]}"
-assert "site-packages" in gradacc_ext.__file__, gradacc_ext.__file__
-info = gradacc_ext.build_info()
-assert gradacc_ext.extension_loaded(), info
-print("gradacc_ext from", gradacc_ext.__file__)
-print(f"built with torch {info['built_torch_version']} (CUDA {info['built_cuda_version']}), "
-      f"running torch {info['running_torch_version']} (CUDA {info['running_cuda_version']})")
-if info["with_cuda"] and torch.version.cuda:
-    # The lookup the CUDA _C makes at its first CUDA op (no GPU here to run one), as _C itself reports it.
-    assert info["cuda_stream"] == "ok", info["cuda_stream"]
-    print("CUDA wheel beside a CUDA torch: aoti_torch_get_current_cuda_stream resolves in the loaded libtorch_cuda.so")
-print(json.dumps(info, indent=1))
-PY
+    "$venv/bin/python" "$root/scripts/check_installed_wheel.py" --torch "$version" >>"$log" 2>&1 ||
+        { fail "load check"; return 1; }
     grep -E '^(gradacc_ext from|built with|CUDA wheel beside)' "$log"
     ! grep -q '^CUDA wheel beside' "$log" ||
         how+="; its CUDA kernels loaded (aoti_torch_get_current_cuda_stream resolves), not run: no GPU"
