@@ -8,8 +8,8 @@ params, so the fp32 sum adds rounded values). With it, each Linear's backward ru
     gradacc.wgrad_addmm_(view, grad_out_2d.T, input_2d, beta, alpha)  # bf16/fp16 params, fp32 buffer, CUDA
 
 and returns no weight gradient to autograd (Megatron-LM's gradient_accumulation_fusion). beta=0 (assign,
-no zeroing pass) when the view has received nothing yet this window: the buffers' per-parameter `seen`,
-shared with the hooks path through GradHooks.write_directly, so a tied weight whose other contribution
+no zeroing pass) when the view has received nothing yet this window: WindowSums.write_directly hands
+out the view and its beta (window_sums.py, shared with the hooks path), so a tied weight whose other contribution
 (an embedding's) arrives first through the hooks is added to, and lands in one view, counted once. The
 bias gradient is summed into its view (a bias-sized temporary). w is the micro-step's weight
 (normalisation, num_items), scaled into grad_out when it is a device tensor.
@@ -58,8 +58,7 @@ class _Slot:
         hooks = self._armed_hooks()
         if hooks is None:
             return g2.t().mm(x2)
-        beta = 1.0 if hooks.write_directly(self.weight) else 0.0  # allocates the buffers on a window's first write
-        view = hooks.buffers.views[self.weight]
+        view, beta = hooks.sums.write_directly(self.weight)  # allocates the buffers on a window's first write
         g2, alpha = _weighted(g2, hooks.weight)
         if g2.dtype == view.dtype:
             view.addmm_(g2.t(), x2, beta=beta, alpha=alpha)
@@ -73,11 +72,10 @@ class _Slot:
         hooks = self._armed_hooks()
         if self.bias is None or hooks is None:
             return g2.sum(0)
-        again = hooks.write_directly(self.bias)
-        view = hooks.buffers.views[self.bias]
+        view, beta = hooks.sums.write_directly(self.bias)
         g2, alpha = _weighted(g2, hooks.weight)
         total = g2.sum(0, dtype=view.dtype)
-        if again:
+        if beta:
             view.add_(total, alpha=alpha)
         else:
             torch.mul(total, alpha, out=view)
