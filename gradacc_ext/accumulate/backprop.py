@@ -64,9 +64,9 @@ class Backprop:
         # FSDP2/HSDP and DDP overlap reduce inside backward, before the hooks could weight: weigh the loss.
         weigh = not self.sync.weights_micro_batches and not (isinstance(weight, float) and weight == 1.0)
         backpropagated, weight = (weigh_loss(scaled, weight), 1.0) if weigh else (scaled, weight)
-        # False: the wrapper reduces straight into the buffers (DDP overlap's closing backward); no folding.
         self.discarded = False
         self.sums.begin()
+        # False: the wrapper reduces straight into the buffers (DDP overlap's closing backward); no folding.
         folds = self.sync.before_backward(final, self.buffers)
         if folds:
             self.hooks.arm(weight)
