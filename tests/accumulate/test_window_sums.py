@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -110,3 +112,48 @@ def test_rollback_shows_the_restored_views_as_grad_again():
         assert all(p.grad is g for p, g in zip(model.parameters(), shown, strict=True))
         for g, b in zip(shown, before, strict=True):
             assert torch.equal(g, b)
+
+
+def test_a_failed_first_micro_step_with_a_tied_fused_weight_is_rolled_back_exactly():
+    """The fused head writes the tied weight first, the embedding's gradient is then added to it in the same
+    micro-step, and the backward fails after that: only this micro-step's own writes, so the window is kept
+    (before: discarded with a RuntimeWarning) and the run equals the plain loop."""
+    torch.manual_seed(7)
+    vocab, dim, n = 11, 6, 2
+
+    def build() -> torch.nn.Module:
+        torch.manual_seed(7)
+        model = torch.nn.Sequential(torch.nn.Embedding(vocab, dim), torch.nn.Tanh(), torch.nn.Linear(dim, vocab))
+        model[2].weight = model[0].weight
+        return model.to(F64)
+
+    def loss_of(m: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(m(ids[:-1]), ids[1:])
+
+    model, ref = build(), build()
+    data = [torch.randint(0, vocab, (9,)) for _ in range(2 * n)]
+    config = GradientAccumulationConfig(accumulation_steps=n, gradient_accumulation_fusion=True)
+    with GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.3), config) as acc:
+        fail = [True]
+
+        def after_our_fold(p: torch.Tensor) -> None:  # registered after the accumulator's hook: runs after its fold
+            if fail.pop() if fail else False:
+                raise RuntimeError("injected after the tied weight's second write")
+
+        handle = model[0].weight.register_post_accumulate_grad_hook(after_our_fold)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "window was discarded"
+            with pytest.raises(RuntimeError, match="injected"), acc.micro_step():
+                acc.backward(loss_of(model, data[0]))
+        handle.remove()
+        assert acc._sums.indices() == [] and acc.micro_steps_in_window == 0
+        for ids in data:
+            with acc.micro_step():
+                acc.backward(loss_of(model, ids))
+    opt = torch.optim.SGD(ref.parameters(), lr=0.3)
+    for start in range(0, len(data), n):
+        opt.zero_grad()
+        (sum(loss_of(ref, ids) for ids in data[start : start + n]) / n).backward()
+        opt.step()
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14)
