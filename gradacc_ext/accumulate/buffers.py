@@ -3,7 +3,10 @@
 Gradients are added into the views as autograd produces them (GradHooks
 hands them over in buckets) and param.grad is dropped at once, so autograd
 writes a new gradient next time and no zeroing pass is ever needed: the
-first contribution of a window is written with assign=True. A parameter
+first contribution of a window is written with assign=True. Which views
+hold this window's sum is recorded by the buffers' WindowSums
+(window_sums.py), the one way anything writes them during a micro-step;
+GradBuffers reads that record at the window's end. A parameter
 that gets no gradient in a micro-step contributes nothing to it; one that
 gets none in the whole window is shown to the optimizer with grad None, as
 in a plain loop.
