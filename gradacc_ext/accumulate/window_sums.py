@@ -16,8 +16,8 @@ What a rollback can restore exactly, without holding a copy of anything:
 Then rollback() discards the window's sums and says so; the caller resets the window's counters, and
 the adaptive accumulator rebuilds the window by running its micro-batches again (adaptive.py).
 
-The open micro-step's log (`_first`, `_exact`) is the place for any other per-micro-step partial state
-that must be kept or dropped together with the sums.
+The open micro-step's log (`_first`, `_exact`, emptied by `_clear_log`) is the place for any other
+per-micro-step partial state that must be kept or dropped together with the sums.
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ class WindowSums:
         # alive after the accumulator is dropped (until a garbage collection).
         self.buffers: GradBuffers = weakref.proxy(buffers)
         self._written = [False] * len(buffers.params)
-        self._first: set[int] = set()  # views the open micro-step wrote first: undone by unmarking them
-        self._exact = True  # whether rollback() can restore the last commit (no earlier sum was added to)
+        self._clear_log()
 
     # -- reading ----------------------------------------------------------------------------------------------------
 
@@ -66,7 +65,7 @@ class WindowSums:
 
     def begin(self) -> None:
         """A micro-step starts: what the views hold now is what rollback() returns to."""
-        self._first, self._exact = set(), True
+        self._clear_log()
 
     def add(self, index: Sequence[int], grads: Sequence[torch.Tensor], scale: float | torch.Tensor) -> None:
         """views[index] += scale * grads (distinct indices); a view's first gradient of the window is assigned."""
@@ -97,7 +96,7 @@ class WindowSums:
 
     def commit(self) -> None:
         """The micro-step's backward finished: its writes are part of the window."""
-        self._first, self._exact = set(), True
+        self._clear_log()
 
     def rollback(self) -> bool:
         """The micro-step's backward failed: restore the last commit (True), or, where that cannot be exact,
@@ -107,8 +106,13 @@ class WindowSums:
             return False
         for i in self._first:
             self._written[i] = False
-        self._first = set()
+        self._clear_log()
         return True
+
+    def _clear_log(self) -> None:
+        """Empties the open micro-step's log: what rollback() undoes (per-micro-step partial state goes here too)."""
+        self._first: set[int] = set()  # views the open micro-step wrote first: undone by unmarking them
+        self._exact = True  # whether rollback() can restore the last commit (no earlier sum was added to)
 
     def _mark(self, index: Iterable[int]) -> None:
         for i in index:
@@ -133,9 +137,9 @@ class WindowSums:
     def reset(self) -> None:
         """A new window: no view holds a sum."""
         self._written = [False] * len(self._written)
-        self.commit()
+        self._clear_log()
 
     def restore(self, written: Sequence[bool]) -> None:
         """A loaded checkpoint's views hold its sums (the caller copied them in)."""
         self._written = list(written)
-        self.commit()
+        self._clear_log()
