@@ -35,6 +35,11 @@ def fused_and_twin(seed: int, **config) -> tuple[nn.Module, nn.Module, GradientA
     return model, twin, GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg)
 
 
+def nothing_written(acc: GradientAccumulator) -> bool:
+    """Whether no gradient reached the open window (the buffers' per-parameter "written" flags)."""
+    return not any(acc._buffers.seen)
+
+
 def ema_of(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach() + 0.01 * torch.randn_like(v) for k, v in model.named_parameters()}
 
@@ -88,7 +93,7 @@ def test_call_forms_equal_an_unfused_twin_exactly(name):
     else:
         assert list(calls.values()) == [2] and reason in next(iter(calls))  # once per Linear of the model
         assert acc.get_accumulation_stats()["linear_fusion_unfused_calls"] == calls
-    assert not any(acc._buffers.seen)  # nothing reached the window outside micro_step()
+    assert nothing_written(acc)  # nothing reached the window outside micro_step()
     acc.close()
 
 
@@ -165,4 +170,25 @@ def test_a_replaced_parameter_runs_unfused_like_nn_linear():
     for p, q in zip(model.parameters(), twin.parameters(), strict=True):
         torch.testing.assert_close(p, q, **TOL[DTYPE])
     assert REPLACED in next(iter(acc.stats.linear_fusion_unfused_calls))
+    acc.close()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [lambda lin, x: lin(None), lambda lin, x: lin(x.float()), lambda lin, x: lin(x[..., 1:]), lambda lin, x: lin(x, x)],
+    ids=["none_input", "dtype_mismatch", "shape_mismatch", "two_inputs"],
+)
+def test_bad_calls_raise_what_nn_linear_raises(call):
+    """F.linear's own errors, word for word; a wrong argument list raises TypeError as nn.Linear.forward does."""
+    model, twin, acc = fused_and_twin(seed=11)
+    x = make_batches(1, DTYPE, 11)[0][0]
+    errors = []
+    for lin in (model[0], twin[0]):
+        with pytest.raises((TypeError, RuntimeError)) as raised:
+            call(lin, x)
+        errors.append(raised.value)
+    assert type(errors[0]) is type(errors[1])
+    if "positional arguments" not in str(errors[1]):  # Linear.forward() vs the fused forward's name
+        assert str(errors[0]) == str(errors[1])
+    assert acc.stats.linear_fusion_unfused_calls == {} and nothing_written(acc)
     acc.close()
