@@ -67,11 +67,16 @@ def no_grad_call(m: nn.Module, x: torch.Tensor, ema: dict) -> torch.Tensor:
 # name -> (call(model, x, y, ema), reason substring counted per fused Linear call, or None: not counted)
 CALLS = {
     "input_keyword": (lambda m, x, y, ema: m[2](input=torch.tanh(m[0](input=x))), None),
+    "functional_call_own_params": (lambda m, x, y, ema: functional_call(m, dict(m.named_parameters()), (x,)), None),
     "functional_call_ema": (lambda m, x, y, ema: functional_call(m, ema, (x,)), REPLACED),
     "functional_call_no_grad": (lambda m, x, y, ema: no_grad_call(m, x, ema), None),
     "per_sample_grads": (lambda m, x, y, ema: per_sample_grads(m, x, y), FUNCTORCH),
     "vmap_model": (lambda m, x, y, ema: vmap(m)(x), FUNCTORCH),
     "func_jvp": (lambda m, x, y, ema: jvp(m, (x,), (torch.ones_like(x),))[1], FUNCTORCH),
+    "nested_input": (
+        lambda m, x, y, ema: m(torch.nested.as_nested_tensor(list(x), layout=torch.jagged)).values(),
+        "Nested",
+    ),
     "forward_ad": (lambda m, x, y, ema: dual_tangent(m, x), "forward-mode AD"),
 }
 
@@ -93,6 +98,8 @@ def test_call_forms_equal_an_unfused_twin_exactly(name):
     else:
         assert list(calls.values()) == [2] and reason in next(iter(calls))  # once per Linear of the model
         assert acc.get_accumulation_stats()["linear_fusion_unfused_calls"] == calls
+        acc.reset_stats()
+        assert acc.stats.linear_fusion_unfused_calls == {}
     assert nothing_written(acc)  # nothing reached the window outside micro_step()
     acc.close()
 
