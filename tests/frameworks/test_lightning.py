@@ -13,6 +13,8 @@ from _common import ACCUM, CLIP, assert_same_params, params_of  # noqa: E402
 from _lightning import BATCHES, AccumulatorRegressor, Regressor, fit, loader, trainer  # noqa: E402
 
 pytestmark = pytest.mark.frameworks
+
+
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
 def test_lightning_fused_adamw_and_our_clip_equal_torch(precision: str) -> None:
     start = params_of(Regressor(fused=False))

@@ -13,7 +13,7 @@ pl = pytest.importorskip("lightning.pytorch")
 
 from _common import CLIP, assert_same_params, params_of  # noqa: E402
 from _dist import launch, needs_gloo  # noqa: E402
-from _lightning import AccumulatorRegressor, Regressor, trainer, loader  # noqa: E402
+from _lightning import AccumulatorRegressor, Regressor, loader, trainer  # noqa: E402
 
 from gradacc_ext import GradientAccumulationConfig  # noqa: E402
 from gradacc_ext.integrations.lightning import GradientAccumulatorCallback  # noqa: E402
