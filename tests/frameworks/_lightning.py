@@ -18,16 +18,20 @@ def warmup(step: int) -> float:
 
 class Regressor(pl.LightningModule):
     """An MLP whose optimizer is torch's AdamW or FusedAdamW; `our_clip` replaces Lightning's
-    clipping with gradacc_ext.utils.clip_grad_norm_ through Lightning's own clipping hook."""
+    clipping with gradacc_ext.utils.clip_grad_norm_ through Lightning's own clipping hook. `loss_factor`
+    multiplies the loss (a small one puts unscaled fp16 gradients among the subnormals)."""
 
-    def __init__(self, fused: bool, our_clip: bool = False, max_grad_norm: float | None = None) -> None:
+    def __init__(
+        self, fused: bool, our_clip: bool = False, max_grad_norm: float | None = None, loss_factor: float = 1.0
+    ) -> None:
         super().__init__()
         self.net = tiny_mlp()
         self.fused, self.our_clip, self.max_grad_norm = fused, our_clip, max_grad_norm
+        self.loss_factor = loss_factor
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x).float(), y)
+        return self.loss_factor * torch.nn.functional.mse_loss(self.net(x).float(), y)
 
     def configure_optimizers(self):
         kwargs = {"lr": 3e-2, "weight_decay": 0.1}
@@ -48,8 +52,8 @@ class Regressor(pl.LightningModule):
 class AccumulatorRegressor(Regressor):
     """Manual optimisation: the window runs in GradientAccumulator (GradientAccumulatorCallback)."""
 
-    def __init__(self, fused: bool) -> None:
-        super().__init__(fused)
+    def __init__(self, fused: bool, loss_factor: float = 1.0) -> None:
+        super().__init__(fused, loss_factor=loss_factor)
         self.automatic_optimization = False
 
     def training_step(self, batch, batch_idx):
