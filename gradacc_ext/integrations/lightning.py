@@ -76,9 +76,11 @@ class GradientAccumulatorCallback(pl.Callback):
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # on_fit_end does not run after a fit that raised: without this the parameters stay owned by this
-        # accumulator's hooks and the next fit's accumulator is refused.
+        # accumulator's hooks and the next fit's accumulator is refused. A state restored from a checkpoint
+        # that the failed fit never loaded must not reach the next fit either.
         if self.accumulator is not None:
             self.accumulator.close()
+        self._pending_state = None
 
     def state_dict(self) -> dict[str, Any]:
         return {} if self.accumulator is None else {"accumulator": self.accumulator.state_dict()}

@@ -2,11 +2,12 @@
 wraps it, and the precision plugin's GradScaler. A strategy or precision that the accumulator cannot run exactly
 is refused here, at fit start, before the accumulator exists.
 
-DDP: Lightning's manual optimisation never prepares DDP's reducer for a backward outside manual_backward (its
-forward redirection turns require_backward_grad_sync off until training_step has returned), so a backward run by
-the accumulator is never reduced by DDP. Given the DistributedDataParallel wrapper, the accumulator picks its
-"buffer" DDP sync (distributed/ddp.py): each micro-step under no_sync, the window's sums all-reduced once at the
-window end. Given the bare LightningModule it would pick the single-process sync, and the ranks would drift.
+DDP: under manual optimisation Lightning prepares DDP's reducer only in manual_backward (its forward redirection
+turns require_backward_grad_sync off once training_step has returned, so DDP's forward never prepares it), so a
+backward run by the accumulator is never reduced by DDP. Given the DistributedDataParallel wrapper, the
+accumulator picks its "buffer" DDP sync (distributed/ddp.py): each micro-step under no_sync, the window's sums
+all-reduced once at the window end. Given the bare LightningModule it would pick the single-process sync, and
+the ranks would drift.
 """
 
 from __future__ import annotations

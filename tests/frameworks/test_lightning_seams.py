@@ -13,7 +13,7 @@ pl = pytest.importorskip("lightning.pytorch")
 
 from _common import ACCUM, CLIP, assert_same_params, params_of  # noqa: E402
 from _dist import launch, needs_gloo  # noqa: E402
-from _lightning import AccumulatorRegressor, Regressor, fit, loader, trainer  # noqa: E402
+from _lightning import BATCHES, AccumulatorRegressor, Regressor, fit, loader, trainer  # noqa: E402
 
 from gradacc_ext import GradientAccumulationConfig  # noqa: E402
 from gradacc_ext.integrations.lightning import GradientAccumulatorCallback  # noqa: E402
@@ -23,24 +23,28 @@ WINDOW = 2
 
 
 def _ddp_fits(rank: int, world: int) -> None:
-    """One rank: Lightning's accumulate_grad_batches=2, then the callback with a window of 2, both under
-    strategy="ddp" on the process group that launch() started (processes created externally, as torchrun
-    does; Lightning then joins the group instead of launching). Each rank's weights must equal the reference
-    and the other rank's."""
+    """One rank: Lightning's accumulate_grad_batches=2, then the callback with a window of 2 (torch's AdamW, then
+    FusedAdamW), all under strategy="ddp" on the process group that launch() started (processes created
+    externally, as torchrun does; Lightning then joins the group instead of launching). Each rank's weights must
+    equal the reference and the other rank's."""
     os.environ["LOCAL_RANK"] = str(rank)
     ddp = {"strategy": "ddp", "devices": world}
     start = params_of(Regressor(fused=False))
     reference = Regressor(fused=False)
     trainer("32", accumulate_grad_batches=WINDOW, gradient_clip_val=CLIP, **ddp).fit(reference, loader())
-    config = GradientAccumulationConfig(accumulation_steps=WINDOW, max_grad_norm=CLIP)
-    module = AccumulatorRegressor(fused=False)
-    trainer("32", callbacks=[GradientAccumulatorCallback(config)], **ddp).fit(module, loader())
-    got = params_of(module)
-    assert_same_params(got, params_of(reference), start)
-    ranks: list[dict[str, torch.Tensor] | None] = [None] * world
-    dist.all_gather_object(ranks, got)
-    for name, value in got.items():
-        torch.testing.assert_close(value, ranks[0][name], rtol=0, atol=0, msg=f"{name}: rank {rank} != rank 0")
+    for fused in (False, True):
+        config = GradientAccumulationConfig(accumulation_steps=WINDOW, max_grad_norm=CLIP)
+        module, callback = AccumulatorRegressor(fused), GradientAccumulatorCallback(config)
+        t = trainer("32", callbacks=[callback], **ddp)
+        t.fit(module, loader())
+        got = params_of(module)
+        assert_same_params(got, params_of(reference), start)
+        ranks: list[dict[str, torch.Tensor] | None] = [None] * world
+        dist.all_gather_object(ranks, got)
+        for name, value in got.items():
+            torch.testing.assert_close(value, ranks[0][name], rtol=0, atol=0, msg=f"{name}: rank {rank} != rank 0")
+        windows = BATCHES // world // WINDOW  # the DistributedSampler gives each rank half of the batches
+        assert t.global_step == windows and callback.accumulator.optimizer_steps == windows
 
 
 @pytest.mark.distributed
@@ -163,3 +167,20 @@ def test_lightning_callback_refuses_a_second_autocast_dtype() -> None:
             plugins=fp16_plugin(),
             callbacks=[GradientAccumulatorCallback(config)],
         )
+
+
+def test_lightning_callback_drops_a_restored_state_that_a_failed_fit_never_loaded(tmp_path) -> None:
+    """A fit from a checkpoint that fails before on_fit_start (here: refused, automatic optimisation) must not hand
+    that checkpoint's accumulator state to the next fit, which starts from scratch."""
+    config = GradientAccumulationConfig(accumulation_steps=ACCUM, max_grad_norm=CLIP)
+    saved = trainer("32", callbacks=[GradientAccumulatorCallback(config)])
+    saved.fit(AccumulatorRegressor(fused=False), loader())
+    saved.save_checkpoint(tmp_path / "done.ckpt")
+    callback = GradientAccumulatorCallback(config)
+    with pytest.raises(ValueError, match="automatic_optimization = False"):
+        trainer("32", callbacks=[callback]).fit(Regressor(fused=False), loader(), ckpt_path=tmp_path / "done.ckpt")
+    start = params_of(Regressor(fused=False))
+    want = fit(Regressor(fused=False), "32", accumulate_grad_batches=ACCUM, gradient_clip_val=CLIP)
+    got = fit(AccumulatorRegressor(fused=False), "32", callbacks=[callback])
+    assert_same_params(got, want, start)
+    assert callback.accumulator.optimizer_steps == BATCHES // ACCUM
