@@ -36,8 +36,8 @@ def fused_and_twin(seed: int, **config) -> tuple[nn.Module, nn.Module, GradientA
 
 
 def nothing_written(acc: GradientAccumulator) -> bool:
-    """Whether no gradient reached the open window (the buffers' per-parameter "written" flags)."""
-    return not any(acc._buffers.seen)
+    """Whether no gradient reached the open window (the window's sums: which views hold a sum)."""
+    return not acc._sums.indices()
 
 
 def ema_of(model: nn.Module) -> dict[str, torch.Tensor]:
