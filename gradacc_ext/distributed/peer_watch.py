@@ -94,6 +94,7 @@ class PeerWatch:
         self.aborted_for: OOMRecord | None = None  # the record the groups were aborted for (store gone since)
         self.rank = -1  # this rank, kept: an aborted default group can no longer say it
         self._thread: threading.Thread | None = None
+        self._activity: tuple[tuple[int, int], ThreadActivity] | None = None  # the entry looked at, and its thread
 
     def enter(self) -> None:
         with self._lock:
@@ -138,25 +139,26 @@ class PeerWatch:
             oom_records.write(self.rank, GAVE_UP, own[2])
 
     def _run(self, timers: Timers, spins: bool) -> None:
-        activity: ThreadActivity | None = None
-        watched: tuple[int, int] | None = None
         while True:
             time.sleep(timers.poll_s)
-            if self.mode == "off":
-                continue
-            now = time.monotonic()
-            self._give_up_if_not_back(now, timers.retry_s)
-            position = self._position()
-            if position is None:
-                activity = watched = None
-                continue
-            if position != watched:  # a new entry: judge its thread afresh
-                activity, watched = ThreadActivity(position[1], spins), position
-            if activity.parked_for(now) < timers.stall_s:
-                continue
-            record = oom_records.peer_gave_up(self.rank)  # the store, only once parked for the stall time
-            if record is not None and record != self.delivered:
-                self._end_the_wait(position, record, timers, spins)
+            if self.mode != "off":
+                self.look(time.monotonic(), timers, spins)
+
+    def look(self, now: float, timers: Timers, spins: bool) -> None:
+        """One look (the thread's, every POLL_S): gives this rank up if it did not come back after its OOM; acts when
+        the thread inside accumulator work has been parked for STALL_S and a peer gave up."""
+        self._give_up_if_not_back(now, timers.retry_s)
+        position = self._position()
+        if position is None:
+            self._activity = None
+            return
+        if self._activity is None or self._activity[0] != position:  # a new entry: judge its thread afresh
+            self._activity = (position, ThreadActivity(position[1], spins))
+        if self._activity[1].parked_for(now) < timers.stall_s:
+            return
+        record = oom_records.peer_gave_up(self.rank)  # the store, only once parked for the stall time
+        if record is not None and record != self.delivered:
+            self._end_the_wait(position, record, timers, spins)
 
     def _end_the_wait(self, position: tuple[int, int], record: OOMRecord, timers: Timers, spins: bool) -> None:
         explanation = self._explain(record)  # before an abort, which takes the default store with it
