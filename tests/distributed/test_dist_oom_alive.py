@@ -127,6 +127,8 @@ def abandoning_worker(rank: int, world: int, log_dir: str, mode: str, group_time
     acc = GradientAccumulator(model, make_optimizer(model.parameters()), cfg)
     for i, batch in enumerate(global_batches("mean", world, SEED)[:3]):
         part = shard(batch, rank)
+        if i == 1:
+            dist.barrier()  # rank 0's OOM is recorded before rank 1's (today's store kept only the first)
         if (rank, i) in ((0, 0), (1, 1)):
             with pytest.raises(torch.OutOfMemoryError), acc.micro_step():
                 raise torch.OutOfMemoryError(f"injected on rank {rank}")
