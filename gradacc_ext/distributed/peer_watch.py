@@ -98,16 +98,16 @@ class PeerWatch:
 
     def enter(self) -> None:
         with self._lock:
+            if self._thread is None and self._wanted():
+                timers = Timers.from_env()  # a bad setting raises here, before anything changed
+                self.rank, spins = dist.get_rank(), "nccl" in str(dist.get_backend())
+                self._thread = threading.Thread(target=self._run, args=(timers, spins), name="gradacc-peer-watch")
+                self._thread.daemon = True
+                self._thread.start()
             self._depth += 1
             self._entries += 1
             self._ident = threading.get_ident()
             came_back, self._own = self._own is not None, None
-            if self._thread is None and self._wanted():
-                self.rank = dist.get_rank()
-                timers, spins = Timers.from_env(), "nccl" in str(dist.get_backend())
-                self._thread = threading.Thread(target=self._run, args=(timers, spins), name="gradacc-peer-watch")
-                self._thread.daemon = True
-                self._thread.start()
         if came_back:  # retrying after a caught OOM: the peers are not waiting for this rank any more
             oom_records.write(dist.get_rank(), RECOVERED)
 
