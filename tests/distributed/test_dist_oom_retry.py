@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
 from _dist import (
     STEPS,
     assert_params_equal,
@@ -32,6 +34,7 @@ from gradacc_ext import GradientAccumulationConfig, GradientAccumulator
 
 pytestmark = [pytest.mark.distributed, needs_gloo]
 SEED = 29
+GROUP_TIMEOUT = 150  # seconds
 SHORT = {"POLL_S": "0.1", "STALL_S": "0.5", "RETRY_S": "0.5", "GRACE_S": "0.5"}  # the watch's timers, shortened
 
 
@@ -55,7 +58,8 @@ def healthy_step(kind: str, seconds: float) -> None:
 
 def retrying_worker(rank: int, world: int, timers: dict[str, str], kind: str, slow_s: float) -> None:
     shorten_timers(timers)
-    model = torch.nn.parallel.DistributedDataParallel(make_model())
+    group = dist.new_group(timeout=timedelta(seconds=GROUP_TIMEOUT))  # past the slow step (launch's default is 60 s)
+    model = torch.nn.parallel.DistributedDataParallel(make_model(), process_group=group)
     opt = make_optimizer(model.parameters())
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
     cfg = GradientAccumulationConfig(accumulation_steps=STEPS, max_grad_norm=0.5)  # ddp_reduce="buffer"
@@ -81,5 +85,5 @@ def test_recovered_oom_then_a_slow_healthy_step_is_never_ended(kind):
 
 
 def test_recovered_oom_then_a_healthy_step_longer_than_the_default_stall():
-    """The default timers (a 20 s stall): a 30 s CPU step, past the ~27 s at which today's watch ended rank 0."""
-    launch(retrying_worker, 2, {}, "cpu", 30.0, timeout=150)
+    """The default timers (a 20 s stall): the issue's 60 s CPU step; today's watch ended rank 0 after about 27 s."""
+    launch(retrying_worker, 2, {}, "cpu", 60.0, timeout=180)
