@@ -100,8 +100,8 @@ class PeerWatch:
         with self._lock:
             if self._thread is None and self._wanted():
                 timers = Timers.from_env()  # a bad setting raises here, before anything changed
-                self.rank, spins = dist.get_rank(), "nccl" in str(dist.get_backend())
-                self._thread = threading.Thread(target=self._run, args=(timers, spins), name="gradacc-peer-watch")
+                self.rank, nccl = dist.get_rank(), "nccl" in str(dist.get_backend())
+                self._thread = threading.Thread(target=self._run, args=(timers, nccl), name="gradacc-peer-watch")
                 self._thread.daemon = True
                 self._thread.start()
             self._depth += 1
@@ -138,13 +138,13 @@ class PeerWatch:
         if late:
             oom_records.write(self.rank, GAVE_UP, own[2])
 
-    def _run(self, timers: Timers, spins: bool) -> None:
+    def _run(self, timers: Timers, nccl: bool) -> None:
         while True:
             time.sleep(timers.poll_s)
             if self.mode != "off":
-                self.look(time.monotonic(), timers, spins)
+                self.look(time.monotonic(), timers, nccl)
 
-    def look(self, now: float, timers: Timers, spins: bool) -> None:
+    def look(self, now: float, timers: Timers, nccl: bool) -> None:
         """One look (the thread's, every POLL_S): gives this rank up if it did not come back after its OOM; acts when
         the thread inside accumulator work has been parked for STALL_S and a peer gave up."""
         self._give_up_if_not_back(now, timers.retry_s)
@@ -153,16 +153,16 @@ class PeerWatch:
             self._activity = None
             return
         if self._activity is None or self._activity[0] != position:  # a new entry: judge its thread afresh
-            self._activity = (position, ThreadActivity(position[1], spins))
+            self._activity = (position, ThreadActivity(position[1], spins=nccl))  # a CUDA sync may spin
         if self._activity[1].parked_for(now) < timers.stall_s:
             return
         record = oom_records.peer_gave_up(self.rank)  # the store, only once parked for the stall time
         if record is not None and record != self.delivered:
-            self._end_the_wait(position, record, timers, spins)
+            self._end_the_wait(position, record, timers, nccl)
 
-    def _end_the_wait(self, position: tuple[int, int], record: OOMRecord, timers: Timers, spins: bool) -> None:
+    def _end_the_wait(self, position: tuple[int, int], record: OOMRecord, timers: Timers, nccl: bool) -> None:
         explanation = self._explain(record)  # before an abort, which takes the default store with it
-        if spins:  # NCCL: the abort unblocks the call, which raises PeerOutOfMemoryError (failures.py)
+        if nccl:  # the abort unblocks the call, which raises PeerOutOfMemoryError (failures.py)
             self.aborted_for = record
             with contextlib.suppress(Exception):
                 dist.distributed_c10d._abort_process_group()

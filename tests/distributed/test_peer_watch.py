@@ -97,19 +97,19 @@ def test_a_caught_oom_not_retried_within_the_retry_time_gives_up(store, monkeypa
     watch.rank = 1
     watch.out_of_memory("OutOfMemoryError: x", gave_up=False)
     now = time.monotonic()
-    watch.look(now + FAST.retry_s / 2, FAST, spins=False)
+    watch.look(now + FAST.retry_s / 2, FAST, nccl=False)
     assert oom_records.peer_gave_up(0) is None
-    watch.look(now + FAST.retry_s * 2, FAST, spins=False)
+    watch.look(now + FAST.retry_s * 2, FAST, nccl=False)
     assert oom_records.peer_gave_up(0) == OOMRecord(1, GAVE_UP, "OutOfMemoryError: x")
     watch.enter()  # it came back after all
     watch.exit()
     assert oom_records.peer_gave_up(0) is None
 
 
-def look_until(watch: peer_watch.PeerWatch, seconds: float, spins: bool) -> None:
+def look_until(watch: peer_watch.PeerWatch, seconds: float, nccl: bool) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        watch.look(time.monotonic(), FAST, spins)
+        watch.look(time.monotonic(), FAST, nccl)
         time.sleep(FAST.poll_s)
 
 
@@ -158,17 +158,17 @@ def test_the_watch_acts_only_on_a_peer_that_gave_up_and_only_once_parked(store, 
     oom_records.write(1, HIT, "OutOfMemoryError: x")
     thread, gate = in_thread(watch, own_wait)  # asleep in its own code (its data pipeline)
     oom_records.write(1, GAVE_UP, "OutOfMemoryError: x")
-    look_until(watch, 0.5, spins=False)
+    look_until(watch, 0.5, nccl=False)
     gate.release()
     thread.join()
     assert not caplog.records  # a peer that gave up, but this rank is not in a collective: left alone
     oom_records.write(1, RECOVERED)
     thread, gate = in_thread(watch, collective_wait)
-    look_until(watch, 0.5, spins=False)
+    look_until(watch, 0.5, nccl=False)
     assert not caplog.records  # parked, but no peer gave up
     oom_records.write(1, GAVE_UP, "OutOfMemoryError: x")
     with caplog.at_level(logging.CRITICAL, logger="gradacc_ext.distributed.peer_watch"):
-        look_until(watch, 0.5, spins=False)
+        look_until(watch, 0.5, nccl=False)
     gate.release()
     thread.join()
     assert len(caplog.records) == 1  # reported once ("log": no exit)
@@ -205,7 +205,7 @@ def test_nccl_the_watch_aborts_the_groups_and_the_blocked_call_raises_naming_the
             raised.append(error)
 
     thread, _ = in_thread(failures._watch, nccl_collective)
-    look_until(failures._watch, 1.0, spins=True)
+    look_until(failures._watch, 1.0, nccl=True)
     thread.join(5)
     assert len(raised) == 1 and isinstance(raised[0], failures.PeerOutOfMemoryError), raised
     assert "rank 1 ran out of memory and gave up the step, so this rank (rank 0) failed" in str(raised[0])
