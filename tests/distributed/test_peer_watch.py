@@ -140,8 +140,8 @@ def own_wait(gate: threading.Lock) -> None:
 def test_a_thread_is_parked_only_waiting_in_collective_code_without_cpu(body, parked):
     watch = peer_watch.PeerWatch(lambda r: "")
     thread, gate = in_thread(watch, body)
-    activity = ThreadActivity(thread.ident, spins=False)
     try:
+        activity = ThreadActivity(thread.ident, spins=False)
         for _ in range(5):
             waited = activity.parked_for(time.monotonic())
             time.sleep(0.05)
