@@ -113,17 +113,18 @@ def test_peer_of_a_live_oom_rank_learns_within_the_bound(tmp_path: Path):
     print(f"rank 0 ended after {elapsed:.1f} s (bound {BOUND} s, group timeout {GROUP_TIMEOUT} s)")
 
 
-def abandoning_worker(rank: int, world: int, log_dir: str, mode: str, group_timeout: float) -> None:
+def abandoning_worker(rank: int, world: int, log_dir: str, mode: str, group_timeout: float, reduce: str) -> None:
     """DDP "buffer": rank 0 catches an OOM and retries it (its record is cleared); rank 1 catches one and never
     comes back. Rank 0 then runs a slow micro-step of its own, long past the stall and retry times, before it
-    parks in the window end's all-reduce: the watch may act only there."""
+    parks in the window end's all-reduce ("overlap": in DDP's reducer, inside the closing backward): the watch
+    may act only there."""
     shorten_timers(SHORT)
     if rank == 0:
         keep_rank0_output(log_dir)
     model = torch.nn.parallel.DistributedDataParallel(
         make_model(), process_group=dist.new_group(timeout=timedelta(seconds=group_timeout))
     )
-    cfg = GradientAccumulationConfig(accumulation_steps=3, peer_watch=mode)
+    cfg = GradientAccumulationConfig(accumulation_steps=3, peer_watch=mode, ddp_reduce=reduce)
     acc = GradientAccumulator(model, make_optimizer(model.parameters()), cfg)
     for i, batch in enumerate(global_batches("mean", world, SEED)[:3]):
         part = shard(batch, rank)
@@ -144,13 +145,14 @@ def abandoning_worker(rank: int, world: int, log_dir: str, mode: str, group_time
 
 def logging_worker(rank: int, world: int, log_dir: str) -> None:
     with pytest.raises(PeerOutOfMemoryError) as info:
-        abandoning_worker(rank, world, log_dir, "log", 10)
+        abandoning_worker(rank, world, log_dir, "log", 10, "buffer")
     Path(log_dir, "raised").write_text(str(info.value))
     os._exit(0)
 
 
-def test_abandoned_ddp_peer_ends_this_rank_only_once_parked_naming_the_peer(tmp_path: Path):
-    exitcode, elapsed, alive = run_live(abandoning_worker, tmp_path, "end", GROUP_TIMEOUT)
+@pytest.mark.parametrize("reduce", ["buffer", "overlap"])
+def test_abandoned_ddp_peer_ends_this_rank_only_once_parked_naming_the_peer(tmp_path: Path, reduce: str):
+    exitcode, elapsed, alive = run_live(abandoning_worker, tmp_path, "end", GROUP_TIMEOUT, reduce)
     err = read(tmp_path / "rank0.err")
     assert exitcode == peer_watch.EXIT_CODE, (exitcode, elapsed, err[-2000:])
     assert elapsed < BOUND
