@@ -132,8 +132,9 @@ def accumulate_(
     device = _checks.list_device(bufs or grads, alpha_tensor)
 
     def validate() -> None:
-        _aliasing.check_disjoint(op, bufs=bufs)
+        _aliasing.check_disjoint(op, {"bufs": bufs}, {"grads": grads}, in_place_pairs=True)
         _checks.check_accumulate(op, bufs, grads, alpha, alpha_tensor)
+        _aliasing.check_scalars_disjoint(op, {"bufs": bufs}, {"grads": grads, "alpha_tensor": alpha_tensor})
 
     empty = _nothing if not bufs and not grads else None
     _run("accumulate_", device, backend, validate, (bufs, grads, alpha, alpha_tensor, assign), empty)
@@ -169,8 +170,11 @@ def accumulate_final_(
     in_pass = p if p in (2.0, math.inf) else 2.0  # the order the one-pass kernel measures
 
     def validate() -> None:
-        _aliasing.check_disjoint(op, bufs=bufs)
+        _aliasing.check_disjoint(op, {"bufs": bufs}, {"grads": grads}, in_place_pairs=True)
         _checks.check_accumulate_final(op, bufs, grads, alpha, alpha_tensor, inv_scale, found_inf, norm_out, in_pass)
+        outputs = {"bufs": bufs, "found_inf": found_inf, "norm_out": norm_out}
+        inputs = {"grads": grads, "alpha_tensor": alpha_tensor, "inv_scale": inv_scale}
+        _aliasing.check_scalars_disjoint(op, outputs, inputs)
 
     empty = norm_out.zero_ if not bufs and not grads else None  # the norm of nothing is 0
     args = (bufs, grads, alpha, alpha_tensor, assign, inv_scale, found_inf, norm_out, in_pass)
@@ -225,8 +229,9 @@ def unscale_(
     device = _checks.list_device(tensors, found_inf)
 
     def validate() -> None:
-        _aliasing.check_disjoint(op, tensors=tensors)
+        _aliasing.check_disjoint(op, {"tensors": tensors})
         _checks.check_unscale(op, tensors, inv_scale, found_inf)
+        _aliasing.check_scalars_disjoint(op, {"tensors": tensors, "found_inf": found_inf}, {"inv_scale": inv_scale})
 
     _run("unscale_", device, backend, validate, (tensors, inv_scale, found_inf), None if tensors else _nothing)
 
@@ -254,8 +259,9 @@ def clip_by_norm_(
     device = _checks.list_device(tensors, total_norm)
 
     def validate() -> None:
-        _aliasing.check_disjoint(op, tensors=tensors)
+        _aliasing.check_disjoint(op, {"tensors": tensors})
         _checks.check_clip_by_norm(op, tensors, total_norm, float(max_norm), float(eps))
+        _aliasing.check_scalars_disjoint(op, {"tensors": tensors}, {"total_norm": total_norm})
 
     args = (tensors, total_norm, float(max_norm), float(eps))
     _run("clip_by_norm_", device, backend, validate, args, None if tensors else _nothing)
@@ -296,7 +302,7 @@ def clip_by_value_(
     device = _checks.list_device(tensors)
 
     def validate() -> None:
-        _aliasing.check_disjoint(op, tensors=tensors)
+        _aliasing.check_disjoint(op, {"tensors": tensors})
         _checks.check_clip_by_value(op, tensors, float(clip_value))
 
     _run("clip_by_value_", device, backend, validate, (tensors, float(clip_value)), None if tensors else _nothing)

@@ -48,10 +48,13 @@ def _step(a: OptimStep, backend: Backend) -> None:
     outputs = {"params": a.params, **{name: getattr(a, name) for name, _ in a.STATE}}
     outputs.update(master_params=a.master_params, steps=a.steps)
     _aliasing.check_leaves(a.op, **outputs)
+    # No input may be an output, not even its own pair (ops/_aliasing.py).
+    inputs = {"grads": a.grads, "lr_tensor": a.lr_tensor, "grad_mult": a.grad_mult, "found_inf": a.found_inf}
 
     def validate() -> None:
-        _aliasing.check_disjoint(a.op, **outputs)
+        _aliasing.check_disjoint(a.op, outputs, inputs)
         check_step(a)
+        _aliasing.check_scalars_disjoint(a.op, outputs, inputs)
 
     device = list_device(a.params, a.found_inf)
     empty = None if a.params else _nothing
