@@ -11,8 +11,8 @@ per list item (one tensor for unscale_, one (buf, grad) pair for accumulate_).
 
 Callers: "raw" is `torch.ops.gradacc.<op>`, "public" `gradacc_ext.ops.<op>` (Python's checks too: what users
 call), "eager" torch's own (`torch._foreach_add_`, `torch._amp_foreach_non_finite_check_and_unscale_`), and
-"accumulator" the accumulator's fold of its own views (`Buffers.add`'s call, where it has one). To compare two
-trees, run it from each tree's root (`PYTHONPATH=<root>`); an older tree without a pair prints "n/a".
+"accumulator" the public op as the accumulator's `Buffers.add` calls it (views of one flat buffer, in address
+order). To compare two trees, run it with each tree's root first on the path (`PYTHONPATH=<root>`).
 """
 
 from __future__ import annotations
@@ -26,23 +26,24 @@ import sys
 import tempfile
 from collections.abc import Callable
 
-# (op, caller) -> the C builtin that carries it, as callgrind names it; each one's inclusive count is one pair's.
+# (op, caller) -> the C function that carries it, as callgrind names it; each one's inclusive count is one pair's,
+# so none may run inside the ops themselves (they call any(): it carries nothing here).
 MARKERS = {
     ("accumulate_", "raw"): "builtin_sum",
     ("accumulate_", "public"): "builtin_min",
     ("accumulate_", "eager"): "builtin_max",
     ("accumulate_", "accumulator"): "builtin_sorted",
-    ("unscale_", "raw"): "builtin_any",
+    ("unscale_", "raw"): "filter_next",
     ("unscale_", "public"): "builtin_all",
     ("unscale_", "eager"): "functools_reduce",
 }
-# Runs `fn` n times under the builtin `marker` names (any and all go on while the items are falsy / truthy).
+# Runs `fn` n times under the builtin `marker` names (all goes on while the items are truthy).
 CARRIERS: dict[str, Callable[[Callable[[], object], int], object]] = {
     "builtin_sum": lambda fn, n: sum(map(lambda _: (fn(), 0)[1], range(n))),
     "builtin_min": lambda fn, n: min(map(lambda _: (fn(), 0)[1], range(n))),
     "builtin_max": lambda fn, n: max(map(lambda _: (fn(), 0)[1], range(n))),
     "builtin_sorted": lambda fn, n: sorted(map(lambda _: (fn(), 0)[1], range(n))),
-    "builtin_any": lambda fn, n: any(map(lambda _: (fn(), 0)[1], range(n))),
+    "filter_next": lambda fn, n: list(filter(None, map(lambda _: (fn(), 0)[1], range(n)))),
     "builtin_all": lambda fn, n: all(map(lambda _: (fn(), 1)[1], range(n))),
     "functools_reduce": lambda fn, n: functools.reduce(lambda acc, _: (fn(), acc)[1], range(n), 0),
 }
@@ -66,26 +67,19 @@ def _calls(n: int, numel: int) -> dict[tuple[str, str], Callable[[], object]]:
         ("unscale_", "public"): lambda: gops.unscale_(tensors, inv_scale, found_inf),
         ("unscale_", "eager"): lambda: torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_inf, inv_scale),
     }
-    fold = _accumulator_fold(n, numel, grads)
-    if fold is not None:
-        calls[("accumulate_", "accumulator")] = fold
+    calls[("accumulate_", "accumulator")] = _accumulator_fold(n, numel, grads)
     return calls
 
 
-def _accumulator_fold(n: int, numel: int, grads: list) -> Callable[[], object] | None:
-    """The accumulator's own call over views of one flat buffer, where this tree has one."""
+def _accumulator_fold(n: int, numel: int, grads: list) -> Callable[[], object]:
+    """What the accumulator's Buffers.add calls: the public op over views of one flat buffer, in address order,
+    with gradients that live outside it."""
     import torch
 
     import gradacc_ext.ops as gops
 
-    flat = torch.randn(n * numel)
-    bufs = list(flat.split(numel))
-
-    fold_api = getattr(gops, "FlatViews", None)
-    if fold_api is None:
-        return None
-    views = fold_api(flat, bufs)
-    return lambda: gops.accumulate_views_(views, grads, 1.0)
+    views = list(torch.randn(n * numel).split(numel))
+    return lambda: gops.accumulate_(views, grads, 1.0)
 
 
 def child(args: argparse.Namespace) -> None:

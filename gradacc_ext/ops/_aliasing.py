@@ -74,10 +74,13 @@ def check_leaves(op: str, **outputs: Sequence[torch.Tensor]) -> None:
     if not torch.is_grad_enabled() or torch.compiler.is_compiling():
         return
     for arg, tensors in outputs.items():
-        if not any(map(_REQUIRES_GRAD, tensors)):
-            continue
+        try:
+            if not any(map(_REQUIRES_GRAD, tensors)):
+                continue
+        except AttributeError:  # a None item, which the op's validation names
+            pass
         for i, t in enumerate(tensors):
-            if t.requires_grad and t.is_leaf:
+            if t is not None and t.requires_grad and t.is_leaf:
                 raise RuntimeError(LEAF.format(op=op, arg=arg, i=i))
 
 
