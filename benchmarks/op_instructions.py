@@ -12,7 +12,8 @@ per list item (one tensor for unscale_, one (buf, grad) pair for accumulate_).
 Callers: "raw" is `torch.ops.gradacc.<op>`, "public" `gradacc_ext.ops.<op>` (Python's checks too: what users
 call), "eager" torch's own (`torch._foreach_add_`, `torch._amp_foreach_non_finite_check_and_unscale_`), and
 "accumulator" the public op as the accumulator's `Buffers.add` calls it (views of one flat buffer, in address
-order). To compare two trees, run it with each tree's root first on the path (`PYTHONPATH=<root>`).
+order, grad mode off as in backward). To compare two trees, run it with each tree's root first on the path
+(`PYTHONPATH=<root>`).
 """
 
 from __future__ import annotations
@@ -73,13 +74,18 @@ def _calls(n: int, numel: int) -> dict[tuple[str, str], Callable[[], object]]:
 
 def _accumulator_fold(n: int, numel: int, grads: list) -> Callable[[], object]:
     """What the accumulator's Buffers.add calls: the public op over views of one flat buffer, in address order,
-    with gradients that live outside it."""
+    with gradients that live outside it, under no_grad (its hooks run in backward)."""
     import torch
 
     import gradacc_ext.ops as gops
 
     views = list(torch.randn(n * numel).split(numel))
-    return lambda: gops.accumulate_(views, grads, 1.0)
+
+    def fold() -> None:
+        with torch.no_grad():  # as in backward, where its hooks run
+            gops.accumulate_(views, grads, 1.0)
+
+    return fold
 
 
 def child(args: argparse.Namespace) -> None:
