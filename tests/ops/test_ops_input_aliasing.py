@@ -9,6 +9,7 @@ exactly bufs[i] (elementwise in place); the optimizer steps take no such pair.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import pytest
@@ -174,3 +175,46 @@ def test_inputs_may_share_memory_with_each_other(device, backend, gen):
     ops.accumulate_(bufs, [grad, grad], grad[4:5], backend=backend)
     for got, exp in zip(bufs, want, strict=True):
         torch.testing.assert_close(got.double(), exp, rtol=1e-6, atol=1e-6)
+
+
+def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_the_check_refuses_exactly_the_overlapping_calls_of_random_layouts(device, gen):
+    """Against a brute-force O(n^2) oracle: random views of one storage as bufs and grads (in address order or
+    shuffled, so both the sorted and the sorting path run, and grads inside and outside the outputs' hull).
+    A call is refused exactly when an output overlaps another output or an input other than its own identical
+    pair, and both backends then raise the same message."""
+    require_ext(device)
+    storage = rand(400, F32, device, gen)
+    rng = torch.Generator().manual_seed(int(gen.initial_seed()))
+    refused = accepted = 0
+    for _ in range(150):
+        n = int(torch.randint(1, 5, (1,), generator=rng))
+        lengths = torch.randint(1, 12, (n,), generator=rng).tolist()
+        buf_at = torch.randint(0, 300, (n,), generator=rng).tolist()
+        if bool(torch.rand(1, generator=rng) < 0.5):  # accumulator-like: in address order, apart
+            buf_at = [sum(lengths[:i]) + 4 * i for i in range(n)]
+        grad_at = [b if bool(torch.rand(1, generator=rng) < 0.3) else int(torch.randint(0, 390, (1,), generator=rng))
+                   for b in buf_at]  # fmt: skip
+        bufs = [(a, a + k) for a, k in zip(buf_at, lengths, strict=True)]
+        grads = [(a, min(a + k, 400)) for a, k in zip(grad_at, lengths, strict=True)]
+        if any(g[1] - g[0] != b[1] - b[0] for b, g in zip(bufs, grads, strict=True)):
+            continue  # a shape mismatch is another check's
+        bad = any(_overlaps(bufs[i], bufs[j]) for i in range(n) for j in range(i + 1, n)) or any(
+            _overlaps(bufs[i], grads[j]) and not (i == j and bufs[i] == grads[j]) for i in range(n) for j in range(n)
+        )
+        messages = []
+        for be in ("ext", "torch"):
+            work = storage.clone()
+            try:
+                ops.accumulate_([work[a:b] for a, b in bufs], [work[a:b] for a, b in grads], 0.5, backend=be)
+                messages.append(None)
+            except ValueError as exc:
+                assert re.search(SHARED, str(exc)), exc
+                messages.append(str(exc))
+        assert (messages[0] is not None) == bad, (bufs, grads, messages)
+        assert messages[0] == messages[1], (bufs, grads, messages)
+        refused, accepted = refused + bad, accepted + (not bad)
+    assert refused > 10 and accepted > 10, (refused, accepted)  # both outcomes were exercised
