@@ -4,15 +4,18 @@ The window is given either directly (`accumulation_steps`) or derived from a
 target effective batch: accumulation_steps = target_batch_size /
 (micro_batch_size * world_size), which must divide exactly (use
 gradacc_ext.planning.plan_accumulation to round a target that does not).
+The accumulation guides' spellings are read by from_guide() (guide_spellings.py).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import torch
+
+from .guide_spellings import GuideFields, resolve_guide_fields
 
 MixedPrecision = Literal["no", "fp16", "bf16"]
 LossNormalization = Literal["mean", "sum", "none"]
@@ -163,6 +166,34 @@ class GradientAccumulationConfig:
     fsdp_reduce: str = "micro_step"
     ddp_reduce: str = "buffer"
     comm_dtype: torch.dtype | None = None
+    # Set by from_guide(): the guide's keywords as given, its strategy and the no-effect notes; not a field to pass.
+    guide: GuideFields | None = field(default=None, init=False, repr=False, compare=False)
+
+    @classmethod
+    def from_guide(cls, **guide_fields: Any) -> GradientAccumulationConfig:
+        """The config from a guide's keywords: `gradacc_ext.compat.GradientAccumulationConfig` is this method.
+
+        Takes every field above and the guides' spellings (gradient_clipping, use_amp, effective_batch_size, ...:
+        docs/migration.md); with neither accumulation_steps nor both batch sizes the window is 4 steps, every
+        guide's default. Fields accepted without effect are logged once, with the reason (`guide_notes`).
+        """
+        names = [f.name for f in fields(cls) if f.init]
+        resolved = resolve_guide_fields(guide_fields, names, MIXED_PRECISION_SPELLINGS)
+        config = cls(**resolved.fields)
+        config.guide = resolved
+        resolved.log_notes()
+        return config
+
+    @property
+    def strategy(self) -> str:
+        """The guides' strategy: "standard", or "dynamic"/"adaptive", for which their trainer and manager build the
+        OOM-splitting AdaptiveGradientAccumulator. "standard" unless given to from_guide()."""
+        return "standard" if self.guide is None else self.guide.strategy
+
+    @property
+    def guide_notes(self) -> dict[str, str]:
+        """The guide fields from_guide() accepted without effect, each with the reason."""
+        return {} if self.guide is None else self.guide.notes
 
     def __post_init__(self) -> None:
         _positive_int("world_size", self.world_size)
@@ -276,9 +307,11 @@ class GradientAccumulationConfig:
         return self.micro_batch_size * self.world_size * self.accumulation_steps
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain dict for logs and the stats API (the dtype as its name)."""
-        out = asdict(self)
+        """A plain dict for logs and the stats API (the dtype as its name); from_guide()'s config also echoes
+        every field the guide passed, under the guide's name (GuideFields.echo)."""
+        core = [f.name for f in fields(self) if f.init]
+        out = {name: getattr(self, name) for name in core}
         for key in ("accum_dtype", "comm_dtype"):
             out[key] = None if out[key] is None else str(out[key]).replace("torch.", "")
         out["effective_batch_size"] = self.effective_batch_size
-        return out
+        return out if self.guide is None else self.guide.echo(out, core)
