@@ -166,19 +166,16 @@ class GradientAccumulationConfig:
     fsdp_reduce: str = "micro_step"
     ddp_reduce: str = "buffer"
     comm_dtype: torch.dtype | None = None
-    # Set by from_guide(): the guide's keywords as given, its strategy and the no-effect notes; not a field to pass.
-    guide: GuideFields | None = field(default=None, init=False, repr=False, compare=False)
+    guide: GuideFields | None = field(default=None, init=False, repr=False, compare=False)  # set by from_guide()
 
     @classmethod
     def from_guide(cls, **guide_fields: Any) -> GradientAccumulationConfig:
-        """The config from a guide's keywords: `gradacc_ext.compat.GradientAccumulationConfig` is this method.
-
-        Takes every field above and the guides' spellings (gradient_clipping, use_amp, effective_batch_size, ...:
-        docs/migration.md); with neither accumulation_steps nor both batch sizes the window is 4 steps, every
-        guide's default. Fields accepted without effect are logged once, with the reason (`guide_notes`).
-        """
-        names = [f.name for f in fields(cls) if f.init]
-        resolved = resolve_guide_fields(guide_fields, names, MIXED_PRECISION_SPELLINGS)
+        """The config from a guide's keywords (`gradacc_ext.compat.GradientAccumulationConfig`): the fields above and
+        the guides' spellings (docs/migration.md); without accumulation_steps or both batch sizes, 4 steps (every
+        guide's default). The fields accepted without effect are logged once, with the reason (`guide_notes`)."""
+        resolved = resolve_guide_fields(
+            guide_fields, [f.name for f in fields(cls) if f.init], MIXED_PRECISION_SPELLINGS
+        )
         config = cls(**resolved.fields)
         config.guide = resolved
         resolved.log_notes()
@@ -186,8 +183,7 @@ class GradientAccumulationConfig:
 
     @property
     def strategy(self) -> str:
-        """The guides' strategy: "standard", or "dynamic"/"adaptive", for which their trainer and manager build the
-        OOM-splitting AdaptiveGradientAccumulator. "standard" unless given to from_guide()."""
+        """The guides' "standard", "dynamic" or "adaptive": which accumulator their trainer and manager build."""
         return "standard" if self.guide is None else self.guide.strategy
 
     @property
@@ -235,11 +231,8 @@ class GradientAccumulationConfig:
             raise ValueError(
                 f"GradientAccumulationConfig.fused_step must be 'auto', True or False, got {self.fused_step!r}"
             )
-        if isinstance(self.grad_norm_history, bool) or not isinstance(self.grad_norm_history, int):
-            raise ValueError(
-                f"GradientAccumulationConfig.grad_norm_history must be an integer >= 0, got {self.grad_norm_history!r}"
-            )
-        if self.grad_norm_history < 0:
+        history = self.grad_norm_history
+        if isinstance(history, bool) or not isinstance(history, int) or history < 0:
             raise ValueError(
                 f"GradientAccumulationConfig.grad_norm_history must be an integer >= 0, got {self.grad_norm_history!r}"
             )
