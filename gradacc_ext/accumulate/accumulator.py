@@ -186,8 +186,13 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
         under HSDP and FSDP2's "window" mode it saves flush() the extra
         collectives that release FSDP's held sums.
         If the body raises, the partial gradients of that micro-batch are dropped
-        and the window is left as it was before it. Data-parallel: an OOM here fails
-        every rank with a clear error (distributed/failures.py).
+        and the window is left as it was before it. Data-parallel: an OOM that
+        leaves it before this rank ran any collective in it (always under DDP
+        ddp_reduce="buffer", until the closing micro-step's window end) may be
+        caught and the micro-batch retried, or skipped, within
+        GRADACC_PEER_WATCH_RETRY_S (20 s); the other ranks are not held up. Any
+        other OOM gives up the step: every other rank raises PeerOutOfMemoryError
+        naming this one (distributed/failures.py, peer_watch.py, docs/distributed.md).
         """
         if self._in_micro_step:
             raise RuntimeError("GradientAccumulator.micro_step() cannot be nested")
