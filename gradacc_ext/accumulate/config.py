@@ -4,7 +4,7 @@ The window is given either directly (`accumulation_steps`) or derived from a
 target effective batch: accumulation_steps = target_batch_size /
 (micro_batch_size * world_size), which must divide exactly (use
 gradacc_ext.planning.plan_accumulation to round a target that does not).
-The accumulation guides' spellings are read by from_guide() (guide_spellings.py).
+The accumulation guides' spellings are read by from_guide() (guide_spellings.py: GuideConfig).
 """
 
 from __future__ import annotations
@@ -16,21 +16,11 @@ from typing import Any, Literal
 import torch
 
 from ..distributed.peer_watch import MODES as PEER_WATCH
-from .guide_spellings import GuideFields, resolve_guide_fields
+from .guide_spellings import GuideConfig, GuideFields
+from .precision import MIXED_PRECISION, MIXED_PRECISION_SPELLINGS, MixedPrecision
 
-MixedPrecision = Literal["no", "fp16", "bf16"]
 LossNormalization = Literal["mean", "sum", "none"]
 
-MIXED_PRECISION = ("no", "fp16", "bf16")
-# Other spellings users bring (torch dtypes, Lightning/nanoGPT names), read as the canonical ones.
-MIXED_PRECISION_SPELLINGS = {
-    torch.float32: "no",
-    "float32": "no",
-    torch.bfloat16: "bf16",
-    "bfloat16": "bf16",
-    torch.float16: "fp16",
-    "float16": "fp16",
-}
 LOSS_NORMALIZATION = ("mean", "sum", "none")
 BACKENDS = ("auto", "ext", "torch")
 ACCUM_DTYPES = (torch.float32, None)
@@ -60,8 +50,11 @@ def _choice(name: str, value: object, choices: tuple) -> None:
 
 
 @dataclass
-class GradientAccumulationConfig:
+class GradientAccumulationConfig(GuideConfig):
     """What the accumulator does; invalid values raise ValueError naming the field.
+
+    GradientAccumulationConfig(**fields) takes the fields below; GradientAccumulationConfig.from_guide(**kw)
+    also takes the accumulation guides' spellings (its base class GuideConfig, guide_spellings.py).
 
     Window
       accumulation_steps: micro-batches per optimizer step (>= 1). Or leave it
@@ -173,29 +166,6 @@ class GradientAccumulationConfig:
     comm_dtype: torch.dtype | None = None
     peer_watch: str = "end"
     guide: GuideFields | None = field(default=None, init=False, repr=False, compare=False)  # set by from_guide()
-
-    @classmethod
-    def from_guide(cls, **guide_fields: Any) -> GradientAccumulationConfig:
-        """The config from a guide's keywords (`gradacc_ext.compat.GradientAccumulationConfig`): the fields above and
-        the guides' spellings (docs/migration.md); without accumulation_steps or both batch sizes, 4 steps (every
-        guide's default). The fields accepted without effect are logged once, with the reason (`guide_notes`)."""
-        resolved = resolve_guide_fields(
-            guide_fields, [f.name for f in fields(cls) if f.init], MIXED_PRECISION_SPELLINGS
-        )
-        config = cls(**resolved.fields)
-        config.guide = resolved
-        resolved.log_notes()
-        return config
-
-    @property
-    def strategy(self) -> str:
-        """The guides' "standard", "dynamic" or "adaptive": which accumulator their trainer and manager build."""
-        return "standard" if self.guide is None else self.guide.strategy
-
-    @property
-    def guide_notes(self) -> dict[str, str]:
-        """The guide fields from_guide() accepted without effect, each with the reason."""
-        return {} if self.guide is None else self.guide.notes
 
     def __post_init__(self) -> None:
         _positive_int("world_size", self.world_size)

@@ -4,19 +4,22 @@ The guides (seeds 000-004) name the same knobs differently and, for
 `effective_batch_size`, mean different things. Every alias, every
 guide-specific meaning and every field accepted without effect is decided
 here, by `resolve_guide_fields`, which GradientAccumulationConfig.from_guide
-calls (gradacc_ext.compat.GradientAccumulationConfig is that classmethod);
-the dataclass constructor never sees a guide name.
+(GuideConfig, its base class) calls: gradacc_ext.compat.GradientAccumulationConfig
+is that classmethod; the dataclass constructor never sees a guide name.
 docs/migration.md ("The guides' API") has the same mapping as a table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+
+from .precision import MIXED_PRECISION_SPELLINGS
 
 log = logging.getLogger("gradacc_ext.compat")  # the guides' API's logger, which users and tests filter on
 
@@ -108,9 +111,7 @@ def _put(out: dict[str, Any], name: str, value: Any, source: str, given: dict[st
     out[name] = value
 
 
-def _mixed_precision(
-    kw: dict[str, Any], out: dict[str, Any], given: dict[str, Any], spellings: Mapping[Any, str]
-) -> None:
+def _mixed_precision(kw: dict[str, Any], out: dict[str, Any], given: dict[str, Any]) -> None:
     amp_dtype = kw.pop("amp_dtype", None)
     if "use_amp" in kw:  # seeds 002, 004: fp16 unless amp_dtype says otherwise
         use_amp = kw.pop("use_amp")
@@ -123,7 +124,7 @@ def _mixed_precision(
     if isinstance(mp, bool):  # seed 000: mixed_precision=True beside a GradScaler means fp16
         mp = "fp16" if mp else "no"
     if mp is not None:
-        canonical = spellings.get
+        canonical = MIXED_PRECISION_SPELLINGS.get
         if "mixed_precision" in out and canonical(out["mixed_precision"], out["mixed_precision"]) != canonical(mp, mp):
             raise _error(f"mixed_precision={mp!r} and use_amp={given['use_amp']!r} disagree; give one")
         out["mixed_precision"] = mp
@@ -159,14 +160,9 @@ def _strategy(kw: dict[str, Any], given: dict[str, Any]) -> str:
     return strategy or "standard"
 
 
-def resolve_guide_fields(
-    kwargs: dict[str, Any], core_fields: Collection[str], spellings: Mapping[Any, str]
-) -> GuideFields:
-    """Maps a guide's GradientAccumulationConfig(...) keywords onto gradacc_ext's fields (see module doc).
-
-    core_fields: the config's constructor fields; spellings: its other spellings of mixed_precision (dtypes,
-    "bfloat16", ...), so that use_amp and mixed_precision are compared as the config will read them.
-    """
+def resolve_guide_fields(kwargs: dict[str, Any], core_fields: Collection[str]) -> GuideFields:
+    """Maps a guide's GradientAccumulationConfig(...) keywords onto gradacc_ext's fields (core_fields: the
+    config's constructor fields; see the module doc)."""
     kw, given, out, notes = dict(kwargs), dict(kwargs), {}, {}
     for name, reason in NO_EFFECT.items():
         if name in kw:
@@ -181,7 +177,7 @@ def resolve_guide_fields(
         if name in kw and kw.pop(name) != default:
             raise _error(f"{name}={given[name]!r} is not supported: {way}")
     strategy = _strategy(kw, given)
-    _mixed_precision(kw, out, given, spellings)
+    _mixed_precision(kw, out, given)
     _batch_sizes(kw, out, given)
     for name, target in ALIASES.items():
         if name in kw:
@@ -196,3 +192,33 @@ def resolve_guide_fields(
     if out.get("accumulation_steps") is None and not has_sizes:
         out["accumulation_steps"] = DEFAULT_ACCUMULATION_STEPS
     return GuideFields(out, strategy, given, notes)
+
+
+Config = TypeVar("Config", bound="GuideConfig")
+
+
+class GuideConfig:
+    """The guides' side of GradientAccumulationConfig (its base class): from_guide() and what it records."""
+
+    guide: GuideFields | None  # the config's field: None unless built by from_guide()
+
+    @classmethod
+    def from_guide(cls: type[Config], **guide_fields: Any) -> Config:
+        """The config from a guide's keywords (`gradacc_ext.compat.GradientAccumulationConfig`): the config's fields
+        and the guides' spellings (docs/migration.md); without accumulation_steps or both batch sizes, 4 steps
+        (every guide's default). The fields accepted without effect are logged once, with the reason."""
+        resolved = resolve_guide_fields(guide_fields, [f.name for f in dataclasses.fields(cls) if f.init])
+        config = cls(**resolved.fields)
+        config.guide = resolved
+        resolved.log_notes()
+        return config
+
+    @property
+    def strategy(self) -> str:
+        """The guides' "standard", "dynamic" or "adaptive": which accumulator their trainer and manager build."""
+        return "standard" if self.guide is None else self.guide.strategy
+
+    @property
+    def guide_notes(self) -> dict[str, str]:
+        """The guide fields from_guide() accepted without effect, each with the reason."""
+        return {} if self.guide is None else self.guide.notes
