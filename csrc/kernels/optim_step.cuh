@@ -3,9 +3,10 @@
 //
 // One block per chunk, like every other multi-tensor kernel; the element
 // math is the optimizer's update(), the same as the CPU kernel's. fp32/16-bit chunks
-// whose pointers are all 16-byte aligned take 16-byte accesses (apex
-// multi_tensor_axpby style), the rest (and fp64) go element by element;
-// the chunk's last n % 8 elements are the scalar tail. Step counts are read
+// whose pointers are all 16-byte aligned take vector accesses (apex
+// multi_tensor_axpby style) in groups of kOptimVec, the rest (and fp64) go
+// element by element; the chunk's last n % kOptimVec elements are the scalar
+// tail. Step counts are read
 // here and incremented afterwards by step_increment_kernel, so no block ever
 // sees another's increment.
 #pragma once
@@ -29,14 +30,21 @@ struct OptimArgs {
 };
 static_assert(sizeof(ListMeta<kOptimDepth>) + sizeof(OptimArgs) <= kParamLimit, "optimizer kernel parameters");
 
-// Calls fn(Width<W>{}, i) over the chunk; fp64 (no 16-byte path) goes one
+// Elements per thread per vector step: 16 bytes of each fp32 list (params,
+// states, master weights), 8 bytes of a 16-bit one. Groups of kVec (8) held
+// 8 values of up to 6 lists live: AdamW took 84-102 registers, one 512-thread
+// block per SM (25%), and capping it at 64 spilled; Lion and SGD spilled on
+// sm_100 (scripts/kernel_report.py).
+constexpr int kOptimVec = 4;
+
+// Calls fn(Width<W>{}, i) over the chunk; fp64 (no vector path) goes one
 // element per call.
 template <bool kCanVec, typename F>
 __device__ __forceinline__ void for_each_element_group(int n, bool vec, F&& fn) {
   if constexpr (kCanVec) {
-    for_each_group(n, vec, fn);
+    for_each_group<kOptimVec>(n, vec, fn);
   } else {
-    for (int i = int(threadIdx.x); i < n; i += kBlockThreads) fn(Width<1>{}, i);
+    for_each_element(n, fn);
   }
 }
 
