@@ -7,9 +7,10 @@ global accesses, scalar global accesses in the vectorised hot loop, local-memory
 
 A loop is a backward branch: `BRA target` with target <= the branch's own address; its body is the
 address range [target, branch]. The hot loop of a vectorised kernel is an innermost loop holding a
-128-bit global access (one per dtype pair the kernel dispatches on). A scalar access is a global
-load or store narrower than 128 bits (LDG/STG, or generic LD/ST, which ptxas emits when it cannot
-prove the pointer global).
+128-bit global access (one per dtype pair the kernel dispatches on). Counted in it: scalar accesses,
+global loads and stores of one 32- or 16-bit element (LDG/STG, or generic LD/ST, which ptxas emits
+when it cannot prove the pointer global), and 64-bit ones apart (the optimizer's 4-element groups of
+a 16-bit list; a float64 path never holds a 128-bit access).
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ class SassFacts:
     scalar_stores: int = 0
     local_ops: int = 0  # LDL / STL
     hot_loops: int = 0  # innermost loops holding a 128-bit global access
-    hot_loop_scalar: list[int] = field(default_factory=list)  # scalar global accesses in each hot loop
+    hot_loop_scalar: list[int] = field(default_factory=list)  # global accesses < 64 bits in each hot loop
+    hot_loop_64: list[int] = field(default_factory=list)  # 64-bit global accesses in each hot loop
+    hot_loop_load_bytes: list[int] = field(default_factory=list)  # bytes one thread's iteration loads, per loop
 
 
 def parse_sass(text: str) -> dict[tuple[str, str], list[Instr]]:
@@ -123,6 +126,8 @@ def analyse(instrs: list[Instr]) -> SassFacts:
     facts = SassFacts()
     wide_at: list[int] = []
     scalar_at: list[int] = []
+    half_at: list[int] = []  # 64-bit
+    loads: list[tuple[int, int]] = []  # (address, bytes) of every global load
     for ins in instrs:
         head = ins.op.split(".")[0]
         if head in ("LDL", "STL"):
@@ -130,8 +135,11 @@ def analyse(instrs: list[Instr]) -> SassFacts:
         kind = global_access(ins.op)
         if kind is None:
             continue
-        wide = access_bits(ins.op) >= 128
-        (wide_at if wide else scalar_at).append(ins.addr)
+        bits = access_bits(ins.op)
+        wide = bits >= 128
+        if kind == "load":
+            loads.append((ins.addr, bits // 8))
+        (wide_at if wide else half_at if bits == 64 else scalar_at).append(ins.addr)
         if kind == "load":
             facts.loads_128 += wide
             facts.scalar_loads += not wide
@@ -144,4 +152,6 @@ def analyse(instrs: list[Instr]) -> SassFacts:
     ]
     facts.hot_loops = len(innermost)
     facts.hot_loop_scalar = [sum(lo <= a <= hi for a in scalar_at) for lo, hi in innermost]
+    facts.hot_loop_64 = [sum(lo <= a <= hi for a in half_at) for lo, hi in innermost]
+    facts.hot_loop_load_bytes = [sum(b for a, b in loads if lo <= a <= hi) for lo, hi in innermost]
     return facts

@@ -4,9 +4,9 @@
 // One block per chunk, like every other multi-tensor kernel; the element
 // math is the optimizer's update(), the same as the CPU kernel's. fp32/16-bit chunks
 // whose pointers are all 16-byte aligned take vector accesses (apex
-// multi_tensor_axpby style) in groups of kOptimVec, the rest (and fp64) go
-// element by element; the chunk's last n % kOptimVec elements are the scalar
-// tail. Step counts are read
+// multi_tensor_axpby style) in groups of kOptimVec<T>, the rest (and fp64)
+// go element by element; the chunk's last n % kOptimVec<T> elements are the
+// scalar tail. Step counts are read
 // here and incremented afterwards by step_increment_kernel, so no block ever
 // sees another's increment.
 #pragma once
@@ -30,22 +30,30 @@ struct OptimArgs {
 };
 static_assert(sizeof(ListMeta<kOptimDepth>) + sizeof(OptimArgs) <= kParamLimit, "optimizer kernel parameters");
 
-// Elements per thread per vector step: 16 bytes of each fp32 list (params,
-// states, master weights), 8 bytes of a 16-bit one. Groups of kVec (8) held
-// 8 values of up to 6 lists live: AdamW took 84-102 registers, one 512-thread
-// block per SM (25%), and capping it at 64 spilled; Lion and SGD spilled on
-// sm_100 (scripts/kernel_report.py).
-constexpr int kOptimVec = 4;
+// Elements per thread per vector step of optimizer T. 4 for SGD and Lion:
+// 16 bytes of each fp32 list, 8 of a 16-bit one; groups of 8 had them spill
+// on sm_100. AdamW keeps 8: in groups of 4 ptxas capped it at 64 registers
+// and spilled around the division and square-root slow paths; in groups of
+// 8 it takes 81-102 registers, one 512-thread block per SM, whose hot loop
+// still keeps >= 48 KB of loads in flight per SM (docs/kernel-report.md).
+template <typename T>
+constexpr int kOptimVec = std::is_same_v<T, AdamW> ? kVec : 4;
 
-// Calls fn(Width<W>{}, i) over the chunk; fp64 (no vector path) goes one
-// element per call.
-template <bool kCanVec, typename F>
+// Calls fn(Width<W>{}, i) over the chunk: groups of kW with vector
+// accesses when `vec`, else (and always for fp64) one element per call. An
+// element's update does not depend on the others, so the two paths need not
+// visit the elements in the same order, and the scalar path is not unrolled:
+// each update holds division and square-root slow paths (subroutine calls)
+// that would otherwise be kW times in every loop iteration.
+template <int kW, bool kCanVec, typename F>
 __device__ __forceinline__ void for_each_element_group(int n, bool vec, F&& fn) {
   if constexpr (kCanVec) {
-    for_each_group<kOptimVec>(n, vec, fn);
-  } else {
-    for_each_element(n, fn);
+    if (vec) {
+      for_each_group<kW>(n, true, fn);
+      return;
+    }
   }
+  for_each_element(n, fn);
 }
 
 template <typename T>
@@ -92,7 +100,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     dispatch_mode<P>(args.mode, [&](auto mode_tag) {
       constexpr ParamMode M = decltype(mode_tag)::value;
       const auto consts = T::template consts<C>(args.s, lr, done, mult);
-      for_each_element_group<!std::is_same_v<C, double>>(c.n, vec, [&](auto width, int i) {
+      for_each_element_group<kOptimVec<T>, !std::is_same_v<C, double>>(c.n, vec, [&](auto width, int i) {
         constexpr int W = decltype(width)::value;
         C p[W], st[T::kSlots][W] = {};  // the state slots this variant uses
         G g[W];
