@@ -73,11 +73,12 @@ HEADLINES = (
 
 
 def gpu_of(device_name: str) -> Gpu | None:
-    """The modelled GPU a device name (torch.cuda.get_device_name) stands for, if any."""
-    for gpu in GPUS:
-        if gpu.key in device_name.upper():
-            return gpu
-    return None
+    """The modelled GPU a device name (torch.cuda.get_device_name) stands for, if any: the SXM parts
+    only (an H100 PCIe or NVL has other memory and another bandwidth)."""
+    name = device_name.upper()
+    if "PCIE" in name or "NVL" in name:
+        return None
+    return next((gpu for gpu in GPUS if gpu.key in name), None)
 
 
 def predict_ms(bytes_moved: float, copy_gbps: float, efficiency: float) -> float:

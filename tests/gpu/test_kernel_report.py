@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(
 )
 sys.path.insert(0, str(ROOT / "scripts"))
 from kernel_occupancy import ARCHS, max_registers_for, occupancy  # noqa: E402
+from kernel_predictions import gpu_of  # noqa: E402
 from kernel_report import launch_block_threads, problems_of, short_name  # noqa: E402
 from kernel_sass import Resources, analyse, parse_ptxas_log, parse_sass  # noqa: E402
 
@@ -134,6 +135,15 @@ def test_names_are_short_and_readable():
 
 def test_every_launch_uses_the_block_size_the_report_assumes():
     assert launch_block_threads() == 512
+
+
+@pytest.mark.parametrize(
+    ("device", "key"),
+    [("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200", "H200"), ("NVIDIA H100 PCIe", None), ("NVIDIA A100", None)],
+)
+def test_only_the_modelled_gpus_get_a_prediction(device, key):
+    gpu = gpu_of(device)
+    assert (gpu.key if gpu else None) == key
 
 
 def test_gpu_verify_summary_puts_the_measured_figure_beside_the_prediction(tmp_path):
