@@ -150,7 +150,8 @@ def test_gpu_verify_summary_puts_the_measured_figure_beside_the_prediction(tmp_p
     """A fused-step record and a compare.py cell of an H100 run, against the committed predictions."""
     work, out = tmp_path / "work", tmp_path / "out"
     (work / "results" / "compare_eager").mkdir(parents=True)
-    (work / "preflight.json").write_text(json.dumps({"gpus": [{"name": "NVIDIA H100 80GB HBM3"}]}))
+    gpu = {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "free_gib": 79, "total_gib": 80}
+    (work / "preflight.json").write_text(json.dumps({"gpus": [gpu]}))
     (work / "steps.tsv").write_text("bench_step\tok\t0\t12.0\t40\t\n")
     floor = 38 * 124_439_808
     fused = {"title": "gpt2-small: 148 tensors", "roofline_gbps": 3000.0, "floor_bytes": floor, "targets": [],
