@@ -34,7 +34,7 @@ static_assert(sizeof(ListMeta<kOptimDepth>) + sizeof(OptimArgs) <= kParamLimit, 
 // 16 bytes of each fp32 list, 8 of a 16-bit one; groups of 8 had them spill
 // on sm_100. AdamW keeps 8: in groups of 4 ptxas capped it at 64 registers
 // and spilled around the division and square-root slow paths; in groups of
-// 8 it takes 81-102 registers, one 512-thread block per SM, whose hot loop
+// 8 it takes 84-98 registers, one 512-thread block per SM, whose hot loop
 // still keeps >= 48 KB of loads in flight per SM (docs/kernel-report.md).
 template <typename T>
 constexpr int kOptimVec = std::is_same_v<T, AdamW> ? kVec : 4;
