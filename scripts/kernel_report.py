@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -111,7 +112,9 @@ def tool_release(version_text: str) -> str:
 
 def compile_objects(into: Path) -> None:
     cmd = ["bash", str(ROOT / "scripts/check_cuda_compile.sh"), "--keep", str(into)]
-    if subprocess.run(cmd).returncode != 0:
+    # the compile check asks `python` for torch's headers and flags: this interpreter's
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if subprocess.run(cmd, env=env).returncode != 0:
         raise SystemExit("kernel_report: scripts/check_cuda_compile.sh failed (above)")
 
 
