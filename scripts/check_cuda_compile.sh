@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compile check of the CUDA sources on a machine without a GPU (CI).
 #
-#   1. csrc/cuda/kernels.cu and optim_kernels.cu with nvcc for sm_80, sm_90 and sm_100 (the
+#   1. every csrc/cuda/*.cu (kernels.cu, optim_kernels.cu) with nvcc for sm_80, sm_90 and sm_100 (the
 #      wheel's A100, H100/H200 and B200 machine code), with the flags torch's CUDAExtension adds
 #      (setup.py builds it that way). Every nvcc and ptxas warning is an error, including
 #      register spills and local-memory use (a 32 KB by-value metadata struct must never land in
@@ -64,7 +64,8 @@ nvcc_cu() {  # nvcc_cu NAME: compiles csrc/cuda/NAME.cu into $OBJ; ptxas's repor
     return 1
   fi
 }
-for cu in kernels optim_kernels; do
+for path in "$ROOT"/csrc/cuda/*.cu; do  # every .cu: a new kernel file is checked (and reported) as it lands
+  cu="$(basename "$path" .cu)"
   timed "csrc/cuda/$cu.cu (nvcc, sm_80 + sm_90 + sm_100)" nvcc_cu "$cu"
 done
 

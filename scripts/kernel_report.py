@@ -35,7 +35,8 @@ from kernel_report_md import predictions, predictions_json, render
 from kernel_sass import Resources, SassFacts, analyse, parse_ptxas_log, parse_sass
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("kernels", "optim_kernels")  # csrc/cuda/<name>.cu, as check_cuda_compile.sh compiles them
+# csrc/cuda/<name>.cu, every one, as check_cuda_compile.sh compiles them
+SOURCES = tuple(sorted(p.stem for p in (ROOT / "csrc/cuda").glob("*.cu")))
 # Every launch's block size must be this constant (launch_block_threads checks the launchers).
 BLOCK_CONSTANT = "kBlockThreads"
 # The kernels with a 16-byte path, and whether they store (then 128-bit stores are required too).
