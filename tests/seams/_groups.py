@@ -1,0 +1,158 @@
+"""Runs seam cells in groups of forked processes: all cells of one parallelism mode share one group of ranks
+(gloo on 127.0.0.1; one process and no process group for "local"), so a spawn is paid per mode, not per cell.
+
+Each rank appends one JSON line per cell to its own file as soon as the cell ends, so a group that hangs or
+dies still reports every cell before the one it stopped at. A cell passes when every rank reports "ok".
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import re
+import time
+import traceback
+import warnings
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from _cells import TOL, low_precision, reference
+from _table import Cell, verdict
+
+WORLD = {"local": 1, "ddp_buffer": 2, "ddp_overlap": 2, "fsdp_window": 2, "fsdp_micro": 2, "hsdp": 4}
+FAST_WATCH = {"POLL_S": 0.05, "STALL_S": 0.3, "ABORT_GRACE_S": 0.2}  # below the slow peer's SLOW_S
+
+
+def _params(model: torch.nn.Module) -> list[torch.Tensor]:
+    from torch.distributed.tensor import DTensor
+
+    return [p.full_tensor() if isinstance(p, DTensor) else p.detach() for p in model.parameters()]
+
+
+def _snapshot(parts) -> list[torch.Tensor]:
+    model, opt = parts[0], parts[1]
+    states = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    return [t.detach().clone() for t in (*_params(model), *states)]
+
+
+def _compare(cell: Cell, model: torch.nn.Module, world: int) -> str:
+    """"" when the parameters equal the plain loop's, else what differs."""
+    tol = TOL[not low_precision(cell)]
+    for i, (got, want) in enumerate(zip(_params(model), reference(cell, world), strict=True)):
+        if not torch.allclose(got.to(want.dtype), want, **tol):
+            err = (got.to(want.dtype) - want).abs().max().item()
+            return f"parameter {i}: max |accumulated - plain loop| = {err:.3g} (tolerance {tol})"
+    return ""
+
+
+def _run_cell(cell: Cell, rank: int, world: int, phase: str, ckpt: str) -> tuple[bool, str]:
+    from _entries import build, run_loop
+
+    want = verdict(cell)
+    parts = None
+    try:
+        if cell.entry == "lightning":
+            from _lightning import run_lightning
+
+            return run_lightning(cell, rank, world)
+        parts = build(cell, rank, world)
+        before = _snapshot(parts)
+        finished = run_loop(cell, rank, world, phase, ckpt, parts)
+    except Exception as error:  # a refusal, or a failure of the cell
+        text = f"{type(error).__name__}: {error}"
+        if want.kind != "refused":
+            return False, f"raised {text}\n{traceback.format_exc(limit=-4)}"
+        if not re.search(want.match, str(error)):
+            return False, f"refused with an unexpected message: {text}"
+        if parts is not None:
+            after = _snapshot(parts)
+            if len(after) != len(before) or not all(torch.equal(a, b) for a, b in zip(after, before, strict=True)):
+                return False, f"refused ({text}) after writing parameters or optimizer state"
+        return True, f"refused: {text}"
+    finally:
+        if parts is not None:
+            parts[-1].close()
+    if want.kind == "refused":
+        return False, "ran to the end; the table says it must be refused"
+    if not finished:
+        return True, "saved"
+    diff = _compare(cell, parts[0], world)
+    return not diff, diff or "equal"
+
+
+def _set_watch(fast: bool) -> None:
+    from gradacc_ext.distributed import peer_watch
+
+    for name, fast_value in FAST_WATCH.items():
+        default = getattr(peer_watch, f"_default_{name}", None)
+        if default is None:
+            default = getattr(peer_watch, name)
+            setattr(peer_watch, f"_default_{name}", default)
+        setattr(peer_watch, name, fast_value if fast else default)
+
+
+def _worker(rank: int, world: int, port: int, cells: list[Cell], phase: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world), "RANK": str(rank)}
+    os.environ.update(env, LOCAL_RANK=str(rank))
+    if world > 1:
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    with open(os.path.join(out_dir, f"{phase}-rank{rank}.jsonl"), "a") as out:
+        for cell in cells:
+            if world > 1:
+                dist.barrier()
+                if rank == 0:  # each cell starts without an earlier cell's out-of-memory record
+                    dist.distributed_c10d._get_default_store().delete_key("gradacc_ext/out_of_memory")
+                dist.barrier()
+            _set_watch(cell.event == "slow_peer")
+            ckpt = os.path.join(out_dir, "ckpt", cell.id)
+            os.makedirs(ckpt, exist_ok=True)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ok, message = _run_cell(cell, rank, world, phase, ckpt)
+            seen = sorted({str(w.message)[:200] for w in caught})
+            out.write(json.dumps({"cell": cell.id, "ok": ok, "message": message, "warnings": seen}) + "\n")
+            out.flush()
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def run_group(parallel: str, cells: list[Cell], phase: str, out_dir: str, timeout: float) -> dict[str, dict]:
+    """Runs `cells` (all of mode `parallel`) in one group; per cell: {"ok", "message", "warnings"}."""
+    from _dist import free_port
+
+    world = WORLD[parallel]
+    ctx = multiprocessing.get_context("fork")
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, cells, phase, out_dir)) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    results: dict[str, dict] = {}
+    for rank in range(world):
+        path = os.path.join(out_dir, f"{phase}-rank{rank}.jsonl")
+        lines = open(path).read().splitlines() if os.path.exists(path) else []
+        for line in lines:
+            row = json.loads(line)
+            seen = results.setdefault(row["cell"], {"ok": True, "message": "", "warnings": [], "ranks": 0})
+            seen["ranks"] += 1
+            seen["warnings"] = sorted(set(seen["warnings"]) | set(row["warnings"]))
+            if not row["ok"] and seen["ok"]:
+                seen.update(ok=False, message=f"rank {rank}: {row['message']}")
+            elif seen["ok"]:
+                seen["message"] = row["message"]
+    exits = [p.exitcode for p in procs]
+    for cell in cells:
+        row = results.get(cell.id)
+        if row is None or row["ranks"] < world:
+            results[cell.id] = {"ok": False, "message": f"not finished on every rank (exit codes {exits})",
+                                "warnings": row["warnings"] if row else []}  # fmt: skip
+    return results
