@@ -130,23 +130,59 @@ def mse(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tor
     return torch.nn.functional.mse_loss(model(x).to(y.dtype), y)
 
 
+def chunk_rows(cell: Cell, micro: int) -> list[int]:
+    """The rows of each piece micro-batch `micro` runs in: the adaptive path's chunks of CHUNK rows; after its
+    injected OOM (at forward call EVENT_AT, micro-batch 0's second chunk) that chunk runs as two halves and
+    every later micro-batch in chunks of CHUNK // 2 rows (the size it keeps)."""
+    if cell.path != "adaptive":
+        return [ROWS]
+    if cell.event not in ("oom_forward", "oom_backward"):
+        return [CHUNK] * (ROWS // CHUNK)
+    half = CHUNK // 2
+    return [CHUNK] + [half] * ((ROWS - CHUNK) // half) if micro == 0 else [half] * (ROWS // half)
+
+
+class _Fp32WeightGrad(torch.autograd.Function):
+    """An autocast Linear whose weight and bias gradients are formed in fp32 from the 16-bit operands, as
+    the fused Linears form them in their fp32 buffers (docs/linear-fusion.md); the input gradient stays 16-bit."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        dtype = torch.get_autocast_dtype("cpu")
+        x16, w16 = x.to(dtype), weight.to(dtype)
+        ctx.save_for_backward(x16, w16)
+        return torch.nn.functional.linear(x16, w16, bias.to(dtype))
+
+    @staticmethod
+    def backward(ctx, grad):
+        x16, w16 = ctx.saved_tensors
+        grad_x = grad.to(w16.dtype) @ w16 if ctx.needs_input_grad[0] else None
+        return grad_x, grad.float().t() @ x16.float(), grad.float().sum(0)
+
+
+def _fp32_weight_grads(model: torch.nn.Sequential) -> None:
+    for linear in (m for m in model if isinstance(m, torch.nn.Linear)):
+        linear.forward = lambda x, lin=linear: _Fp32WeightGrad.apply(x, lin.weight, lin.bias)
+
+
 def reference(cell: Cell, world: int) -> list[torch.Tensor]:
     """The plain loop (module docstring): the parameters it ends with."""
     model = make_model(cell._replace(event="none"))
+    if cell.path == "fusion" and low_precision(cell):
+        _fp32_weight_grads(model)
     opt = make_optimizer(cell, model.parameters())
     sched = make_scheduler(opt)
     scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE) if cell.precision.startswith("fp16") else None
     batches = samples(cell, world)
-    chunks = ROWS // CHUNK if cell.path == "adaptive" else 1
     for start in range(0, len(batches), WINDOW):
         window = batches[start : start + WINDOW]
         opt.zero_grad(set_to_none=True)
-        for batch in window:
+        for i, batch in enumerate(window, start):
             for rank in range(world):
                 x, y = shard(batch, rank)
-                for part in zip(x.chunk(chunks), y.chunk(chunks), strict=True):
+                for part in zip(x.split(chunk_rows(cell, i)), y.split(chunk_rows(cell, i)), strict=True):
                     with autocast(cell):
-                        loss = mse(model, part) / (len(window) * world * chunks)
+                        loss = mse(model, part) * (len(part[0]) / ROWS) / (len(window) * world)
                     (scaler.scale(loss) if scaler else loss).backward()
         if scaler:
             scaler.unscale_(opt)
@@ -157,4 +193,18 @@ def reference(cell: Cell, world: int) -> list[torch.Tensor]:
         else:
             opt.step()
         sched.step()
-    return [p.detach().clone() for p in model.parameters()]
+    return trained(model, opt)
+
+
+def trained(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """What a run ends with: every parameter, then each parameter's optimizer state (momenta; not the step
+    count), as full tensors. The state catches what a sign-based update (Lion) hides in the parameters."""
+    from torch.distributed.tensor import DTensor
+
+    def full(t: torch.Tensor) -> torch.Tensor:
+        return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+    opt = getattr(opt, "optimizer", opt)  # Accelerate's AcceleratedOptimizer holds the optimizer
+    state = [opt.state[p] for p in model.parameters()]
+    moments = [full(s[k]) for s in state for k in sorted(s) if k != "step" and isinstance(s[k], torch.Tensor)]
+    return [full(p) for p in model.parameters()] + moments

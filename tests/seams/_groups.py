@@ -18,32 +18,30 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from _cells import TOL, low_precision, reference
+from _cells import TOL, low_precision, reference, trained
 from _table import Cell, verdict
 
 WORLD = {"local": 1, "ddp_buffer": 2, "ddp_overlap": 2, "fsdp_window": 2, "fsdp_micro": 2, "hsdp": 4}
 FAST_WATCH = {"POLL_S": 0.05, "STALL_S": 0.3, "ABORT_GRACE_S": 0.2}  # below the slow peer's SLOW_S
 
 
-def _params(model: torch.nn.Module) -> list[torch.Tensor]:
-    from torch.distributed.tensor import DTensor
-
-    return [p.full_tensor() if isinstance(p, DTensor) else p.detach() for p in model.parameters()]
-
-
 def _snapshot(parts) -> list[torch.Tensor]:
     model, opt = parts[0], parts[1]
-    states = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
-    return [t.detach().clone() for t in (*_params(model), *states)]
+    states = [t for s in getattr(opt, "optimizer", opt).state.values() for t in s.values() if torch.is_tensor(t)]
+    return [t.detach().clone() for t in (*trained(model, opt)[: len(list(model.parameters()))], *states)]
 
 
-def _compare(cell: Cell, model: torch.nn.Module, world: int) -> str:
-    """"" when the parameters equal the plain loop's, else what differs."""
+def _compare(cell: Cell, model: torch.nn.Module, opt: torch.optim.Optimizer, world: int) -> str:
+    """"" when the parameters and optimizer state equal the plain loop's, else what differs."""
     tol = TOL[not low_precision(cell)]
-    for i, (got, want) in enumerate(zip(_params(model), reference(cell, world), strict=True)):
-        if not torch.allclose(got.to(want.dtype), want, **tol):
-            err = (got.to(want.dtype) - want).abs().max().item()
-            return f"parameter {i}: max |accumulated - plain loop| = {err:.3g} (tolerance {tol})"
+    got, want = trained(model, opt), reference(cell, world)
+    if len(got) != len(want):
+        return f"{len(got)} parameters and state tensors, the plain loop has {len(want)}"
+    count = len(list(model.parameters()))
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        if not torch.allclose(g.to(w.dtype), w, **tol):
+            what = f"parameter {i}" if i < count else f"optimizer state tensor {i - count}"
+            return f"{what}: max |accumulated - plain loop| = {(g.to(w.dtype) - w).abs().max().item():.3g} ({tol})"
     return ""
 
 
@@ -53,13 +51,15 @@ def _run_cell(cell: Cell, rank: int, world: int, phase: str, ckpt: str) -> tuple
     want = verdict(cell)
     parts = None
     try:
-        if cell.entry == "lightning":
+        if cell.entry == "lightning":  # the Trainer builds everything inside fit()
             from _lightning import run_lightning
 
-            return run_lightning(cell, rank, world)
-        parts = build(cell, rank, world)
-        before = _snapshot(parts)
-        finished = run_loop(cell, rank, world, phase, ckpt, parts)
+            (model, opt), finished = run_lightning(cell, rank, world), True
+        else:
+            parts = build(cell, rank, world)
+            before = _snapshot(parts)
+            finished = run_loop(cell, rank, world, phase, ckpt, parts)
+            model, opt = parts[0], parts[1]
     except Exception as error:  # a refusal, or a failure of the cell
         text = f"{type(error).__name__}: {error}"
         if want.kind != "refused":
@@ -78,7 +78,7 @@ def _run_cell(cell: Cell, rank: int, world: int, phase: str, ckpt: str) -> tuple
         return False, "ran to the end; the table says it must be refused"
     if not finished:
         return True, "saved"
-    diff = _compare(cell, parts[0], world)
+    diff = _compare(cell, model, opt, world)
     return not diff, diff or "equal"
 
 
