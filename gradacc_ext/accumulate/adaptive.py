@@ -154,6 +154,7 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
         return closed
 
     def _run_chunk(self, chunk: Any, n: int, total: int, loss_fn: LossFn, last: bool) -> bool:
+        torch.clear_autocast_cache()
         out = loss_fn(self.module, chunk)
         loss, num_items = out if isinstance(out, tuple) else (out, None)
         check_loss(loss)

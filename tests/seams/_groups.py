@@ -64,7 +64,8 @@ def _run_cell(cell: Cell, rank: int, world: int, phase: str, ckpt: str) -> tuple
         text = f"{type(error).__name__}: {error}"
         if want.kind != "refused":
             return False, f"raised {text}\n{traceback.format_exc(limit=-4)}"
-        if not re.search(want.match, str(error)):
+        chain = [error, *([error.__cause__] if error.__cause__ is not None else [])]  # a peer error chains it
+        if not any(re.search(want.match, str(e)) for e in chain):
             return False, f"refused with an unexpected message: {text}"
         if parts is not None:
             after = _snapshot(parts)

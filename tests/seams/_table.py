@@ -107,6 +107,19 @@ def verdict(cell: Cell) -> Verdict:
     if c.path == "fusion" and c.parallel == "ddp_overlap":
         return Verdict("refused", "the fused Linears never fill param.grad, which DDP's reducer reads",
                        r"gradient_accumulation_fusion=True cannot be combined with ddp_reduce='overlap'")  # fmt: skip
+    if c.path == "adaptive" and c.parallel == "ddp_overlap":
+        return Verdict("refused", "DDP reduces during the closing backward; a micro-batch split in chunks has several",
+                       r"split micro-batches \(AdaptiveGradientAccumulator\) need ddp_reduce='buffer'")  # fmt: skip
+    if c.path == "adaptive" and c.parallel in COLLECTIVE_MODES and c.event in ("oom_forward", "oom_backward"):
+        return Verdict("refused", "collectives run inside the micro-step: one rank cannot split alone",
+                       r"so this rank cannot split alone")  # fmt: skip
+    if c.parallel == "ddp_overlap" and c.event == "oom_backward":
+        return Verdict("refused", "DDP's reducer ran part of the closing backward's all-reduce: the retry fails "
+                       "every rank with an error naming the OOM (distributed/failures.py)",
+                       r"ran out of memory")  # fmt: skip
+    if c.parallel in FSDP_MODES and c.event == "oom_backward":
+        return Verdict("refused", "a backward that raised leaves FSDP2 mid-backward: the retry is refused",
+                       r"FSDP2 was left mid-backward")  # fmt: skip
     return Verdict("equal", "equals the plain loop")
 
 
