@@ -154,6 +154,8 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
         return closed
 
     def _run_chunk(self, chunk: Any, n: int, total: int, loss_fn: LossFn, last: bool) -> bool:
+        # Each chunk casts the weights afresh, as its own micro-step would: chunks that shared autocast's cast
+        # cache (one micro_step() region) lost weight gradients under FSDP2/HSDP (the seam matrix, tests/seams).
         torch.clear_autocast_cache()
         out = loss_fn(self.module, chunk)
         loss, num_items = out if isinstance(out, tuple) else (out, None)

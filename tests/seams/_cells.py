@@ -77,8 +77,9 @@ def samples(cell: Cell, world: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(SEED + 1)
     count = SHORT if cell.event == "short_window" else FULL
     dtype = model_dtype(cell)
+    rows = world * ROWS
     return [
-        (torch.randn(world * ROWS, IN, generator=g, dtype=dtype), torch.randn(world * ROWS, OUT, generator=g, dtype=dtype))
+        (torch.randn(rows, IN, generator=g, dtype=dtype), torch.randn(rows, OUT, generator=g, dtype=dtype))
         for _ in range(count)
     ]
 

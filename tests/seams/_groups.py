@@ -32,7 +32,7 @@ def _snapshot(parts) -> list[torch.Tensor]:
 
 
 def _compare(cell: Cell, model: torch.nn.Module, opt: torch.optim.Optimizer, world: int) -> str:
-    """"" when the parameters and optimizer state equal the plain loop's, else what differs."""
+    """ "" when the parameters and optimizer state equal the plain loop's, else what differs."""
     tol = TOL[not low_precision(cell)]
     got, want = trained(model, opt), reference(cell, world)
     if len(got) != len(want):

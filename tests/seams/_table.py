@@ -8,6 +8,7 @@ the committed page equals it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import NamedTuple
 
@@ -126,28 +127,30 @@ def verdict(cell: Cell) -> Verdict:
 # -- the cells CI runs ----------------------------------------------------------------------------------------------
 
 
-def _all_cells() -> list[Cell]:
-    return [Cell(*values) for values in itertools.product(*DIMENSIONS.values())]
+@functools.cache
+def all_cells() -> tuple[Cell, ...]:
+    return tuple(Cell(*values) for values in itertools.product(*DIMENSIONS.values()))
 
 
-def _pairs(cell: Cell) -> set[tuple[int, str, int, str]]:
+def pairs_of(cell: Cell) -> set[tuple[int, str, int, str]]:
     return {(i, cell[i], j, cell[j]) for i, j in itertools.combinations(range(len(cell)), 2)}
 
 
-def pairwise_cells() -> list[Cell]:
+@functools.cache
+def pairwise_cells() -> tuple[Cell, ...]:
     """A greedy pairwise covering array over the cells that are built (verdict not "absent"): every pair of
     values of any two dimensions that some built cell holds appears in at least one chosen cell.
 
     Deterministic: candidates in product order, ties to the first; each pick covers the most uncovered pairs.
     """
-    built = [c for c in _all_cells() if verdict(c).kind != "absent"]
-    uncovered = set().union(*(_pairs(c) for c in built))
+    built = [c for c in all_cells() if verdict(c).kind != "absent"]
+    uncovered = set().union(*(pairs_of(c) for c in built))
     chosen: list[Cell] = []
     while uncovered:
-        best = max(built, key=lambda c: len(_pairs(c) & uncovered))
+        best = max(built, key=lambda c: len(pairs_of(c) & uncovered))
         chosen.append(best)
-        uncovered -= _pairs(best)
-    return chosen
+        uncovered -= pairs_of(best)
+    return tuple(chosen)
 
 
 def product_cells() -> list[Cell]:
@@ -156,12 +159,12 @@ def product_cells() -> list[Cell]:
 
 def ci_cells() -> list[Cell]:
     """The pairwise cells, then the product subset's, without repeats, in a fixed order."""
-    return list(dict.fromkeys(pairwise_cells() + product_cells()))
+    return list(dict.fromkeys([*pairwise_cells(), *product_cells()]))
 
 
 def uncovered_pairs() -> list[tuple[str, str, str, str]]:
     """Pairs of values that no built cell holds (only in "absent" cells): named on the docs page."""
-    built = set().union(*(_pairs(c) for c in _all_cells() if verdict(c).kind != "absent"))
-    every = set().union(*(_pairs(c) for c in _all_cells()))
+    built = set().union(*(pairs_of(c) for c in all_cells() if verdict(c).kind != "absent"))
+    every = set().union(*(pairs_of(c) for c in all_cells()))
     names = list(DIMENSIONS)
     return sorted((names[i], a, names[j], b) for i, a, j, b in every - built)

@@ -9,10 +9,9 @@ marked in ONE place, _known.py.
 from __future__ import annotations
 
 import pytest
+from _groups import run_group
 from _known import known_failure
 from _table import Cell, ci_cells, verdict
-
-from _groups import run_group
 
 GROUP_TIMEOUT_S = 240  # a hang fails the cells it stopped, not the whole run
 
