@@ -1,12 +1,16 @@
-"""The window's tail + AdamW step, side by side in one run (issue 10, "Measure it").
+"""Op level: the last fold, unscale, inf check, clip and an AdamW step, side by side in one run (issue 10).
+
+This is not what GradientAccumulator's window end runs: there the last micro-step is folded during
+backward (accumulate_), then a read-only norm pass and one fused step; benchmarks/accumulator_tail.py
+times that. Here one op (accumulate_final_) does the last fold with the unscale and the norm.
 
 Every contender starts from the same state: fp32 params whose .grad are fp32 accumulation buffers,
 and this window's last bf16 micro-step grads (loss-scaled). It must add them, unscale, check for
 inf, clip the global L2 norm and take one AdamW step:
 
-* gradacc fused step: accumulate_final_ (add + unscale + inf + norm, one pass), then adamw_step_ with
-  the clip coefficient folded into grad_mult (one pass): no clip pass;
-* gradacc tail + torch fused AdamW: accumulate_final_, clip_by_norm_, torch AdamW(fused=True);
+* gradacc accumulate_final_ + adamw_step_: accumulate_final_ (add + unscale + inf + norm, one pass), then
+  adamw_step_ with the clip coefficient folded into grad_mult (one pass): no clip pass;
+* gradacc accumulate_final_ + clip + torch fused AdamW: accumulate_final_, clip_by_norm_, torch AdamW(fused=True);
 * torch eager: _foreach_add_, GradScaler's unscale kernel, clip_grad_norm_(foreach), AdamW(foreach);
 * torch fused AdamW + foreach clip: the same tail, then AdamW(fused=True);
 * torch.compile (eager tail + step): the eager contender's whole body under torch.compile (inductor).
@@ -100,8 +104,8 @@ def torch_tail(opt: torch.optim.Optimizer, s: State, compiled: bool = False) -> 
 
 
 CONTENDERS = {
-    "gradacc fused step": gradacc_fused,
-    "gradacc tail + torch fused AdamW": gradacc_tail_torch_fused,
+    "gradacc accumulate_final_ + adamw_step_": gradacc_fused,
+    "gradacc accumulate_final_ + clip + torch fused AdamW": gradacc_tail_torch_fused,
     "torch eager (foreach)": lambda s: torch_tail(torch.optim.AdamW(s.params, lr=LR, foreach=True), s),
     "torch fused AdamW + foreach clip": lambda s: torch_tail(torch.optim.AdamW(s.params, lr=LR, fused=True), s),
     "torch.compile (eager tail + step)": lambda s: torch_tail(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-OURS, PEER = "gradacc fused step", "torch fused AdamW + foreach clip"
+OURS, PEER = "gradacc accumulate_final_ + adamw_step_", "torch fused AdamW + foreach clip"
 MIN_SPEEDUP, MIN_PCT_COPY = 1.5, 85.0
 
 

@@ -15,8 +15,8 @@ STEP = 16 + 12  # one fused AdamW pass
 # AdamW(foreach) on CPU: mul_ (decay) 8, lerp_ 12, mul_ 8, addcmul_ 12, sqrt 8, div_ 8, add_ (eps) 8, addcdiv_ 16
 FOREACH_ADAMW = 8 + 12 + 8 + 12 + 8 + 8 + 8 + 16
 BYTES_PER_PARAM: dict[str, int | None] = {
-    "gradacc fused step": ADD_UNSCALE_NORM + STEP,
-    "gradacc tail + torch fused AdamW": ADD_UNSCALE_NORM + 8 + STEP,
+    "gradacc accumulate_final_ + adamw_step_": ADD_UNSCALE_NORM + STEP,
+    "gradacc accumulate_final_ + clip + torch fused AdamW": ADD_UNSCALE_NORM + 8 + STEP,
     "torch eager (foreach)": TORCH_TAIL + FOREACH_ADAMW,
     "torch fused AdamW + foreach clip": TORCH_TAIL + STEP,
     "torch.compile (eager tail + step)": None,  # inductor decides the passes; the floor is the honest yardstick

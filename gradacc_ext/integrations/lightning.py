@@ -7,6 +7,11 @@ the fused tail. The module's training_step runs `with self.accumulator.micro_ste
 self.accumulator.backward(loss)`; the callback closes a short last window at each epoch's end (weighted
 by its real size), counts each closed window as one `trainer.global_step` (so max_steps and
 step-based checkpointing work) and saves the accumulator's state in Lightning's checkpoints.
+
+Strategies and precisions (lightning_setup.py): single device and Lightning's DDP (the accumulator is built over
+the DistributedDataParallel wrapper, so the window's sums are all-reduced at its end); any other strategy is
+refused at fit start. "16-mixed" scales with Lightning's GradScaler. A fit that raised closes the accumulator
+(on_exception), so the callback can fit again.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from ..accumulate import GradientAccumulationConfig, GradientAccumulator
+from .lightning_setup import accumulated_model, lightning_scaler
 
 
 class GradientAccumulatorCallback(pl.Callback):
@@ -35,6 +41,8 @@ class GradientAccumulatorCallback(pl.Callback):
         return f"GradientAccumulatorCallback[{self.attribute}]"
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        model = accumulated_model(trainer, pl_module, self.config)  # refuses an unsupported strategy first
+        scaler = lightning_scaler(trainer, self.config)
         if pl_module.automatic_optimization:
             raise ValueError(
                 "GradientAccumulatorCallback needs manual optimisation: set self.automatic_optimization = False "
@@ -47,7 +55,7 @@ class GradientAccumulatorCallback(pl.Callback):
                 f"scheduler, got {len(trainer.optimizers)} and {len(trainer.lr_scheduler_configs)}"
             )
         scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
-        self.accumulator = GradientAccumulator(pl_module, trainer.optimizers[0], self.config, scheduler)
+        self.accumulator = GradientAccumulator(model, trainer.optimizers[0], self.config, scheduler, scaler)
         if self._pending_state is not None:
             self.accumulator.load_state_dict(self._pending_state)
             self._pending_state = None
@@ -65,6 +73,14 @@ class GradientAccumulatorCallback(pl.Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.accumulator is not None:
             self.accumulator.close()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # on_fit_end does not run after a fit that raised: without this the parameters stay owned by this
+        # accumulator's hooks and the next fit's accumulator is refused. A state restored from a checkpoint
+        # that the failed fit never loaded must not reach the next fit either.
+        if self.accumulator is not None:
+            self.accumulator.close()
+        self._pending_state = None
 
     def state_dict(self) -> dict[str, Any]:
         return {} if self.accumulator is None else {"accumulator": self.accumulator.state_dict()}

@@ -9,70 +9,10 @@ import torch
 
 pl = pytest.importorskip("lightning.pytorch")
 
-from _common import ACCUM, CLIP, assert_same_params, params_of, regression_data, tiny_mlp  # noqa: E402
-
-import gradacc_ext.utils  # noqa: E402
-from gradacc_ext.optim import FusedAdamW  # noqa: E402
+from _common import ACCUM, CLIP, assert_same_params, params_of  # noqa: E402
+from _lightning import BATCHES, AccumulatorRegressor, Regressor, fit, loader, trainer  # noqa: E402
 
 pytestmark = pytest.mark.frameworks
-BATCHES = 3 * ACCUM  # three optimizer steps
-
-
-def warmup(step: int) -> float:
-    return min(1.0, (step + 1) / 2)
-
-
-class Regressor(pl.LightningModule):
-    """An MLP whose optimizer is torch's AdamW or FusedAdamW; `our_clip` replaces Lightning's
-    clipping with gradacc_ext.utils.clip_grad_norm_ through Lightning's own clipping hook."""
-
-    def __init__(self, fused: bool, our_clip: bool = False, max_grad_norm: float | None = None) -> None:
-        super().__init__()
-        self.net = tiny_mlp()
-        self.fused, self.our_clip, self.max_grad_norm = fused, our_clip, max_grad_norm
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x).float(), y)
-
-    def configure_optimizers(self):
-        kwargs = {"lr": 3e-2, "weight_decay": 0.1}
-        if self.fused:
-            opt = FusedAdamW(self.parameters(), **kwargs, max_grad_norm=self.max_grad_norm)
-        else:
-            opt = torch.optim.AdamW(self.parameters(), **kwargs)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-        if self.our_clip:
-            gradacc_ext.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
-        else:
-            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-
-
-def trainer(precision: str, **kwargs) -> pl.Trainer:
-    return pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=kwargs.pop("max_epochs", 1),
-        precision=precision,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        deterministic=True,
-        **kwargs,
-    )
-
-
-def loader() -> torch.utils.data.DataLoader:
-    return torch.utils.data.DataLoader(regression_data(BATCHES), batch_size=3, shuffle=False)
-
-
-def fit(module: pl.LightningModule, precision: str, **kwargs) -> dict[str, torch.Tensor]:
-    trainer(precision, **kwargs).fit(module, loader())
-    return params_of(module)
 
 
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
@@ -115,20 +55,6 @@ def test_lightning_fp16_grad_scaler_handshake() -> None:
     assert_same_params(got, want, start)
     for scaler in scalers:  # scaling ran: three windows, no overflow, so three unskipped updates
         assert scaler.state_dict()["_growth_tracker"] == 3 and scaler.get_scale() == 2.0**10
-
-
-class AccumulatorRegressor(Regressor):
-    """Manual optimisation: the window runs in GradientAccumulator (GradientAccumulatorCallback)."""
-
-    def __init__(self, fused: bool) -> None:
-        super().__init__(fused)
-        self.automatic_optimization = False
-
-    def training_step(self, batch, batch_idx):
-        with self.accumulator.micro_step():
-            loss = super().training_step(batch, batch_idx)
-            self.accumulator.backward(loss)
-        return loss
 
 
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
