@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes docs/seams.md ("What combines with what") from the seam matrix (tests/seams/_table.py, _known.py).
+"""Writes docs/seams.md ("What combines with what") from the seam matrix (tests/seams/_seam_table.py, _seam_known.py).
 
 Run it after changing the table: `python scripts/seams_doc.py`; tests/seams/test_seams_table.py fails while
 the committed page differs from what this writes.
@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests" / "seams"), str(ROOT / "tests")]
 
-from _page import render  # noqa: E402
+from _seam_page import render  # noqa: E402
 
 PAGE = ROOT / "docs" / "seams.md"
 

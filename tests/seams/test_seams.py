@@ -1,17 +1,17 @@
 """The seam matrix in CI (issue 27, section 2): each cell equals the plain loop on the same samples, or is
-refused with a clear error before anything is written (_table.verdict says which).
+refused with a clear error before anything is written (_seam_table.verdict says which).
 
-The cells of one parallelism mode run together in one group of forked ranks (_groups.py), the first time a
+The cells of one parallelism mode run together in one group of forked ranks (_seam_groups.py), the first time a
 test of that mode asks; each cell is then its own test, so a failure names its cell. Known failures are
-marked in ONE place, _known.py.
+marked in ONE place, _seam_known.py.
 """
 
 from __future__ import annotations
 
 import pytest
-from _groups import run_group
-from _known import known_failure
-from _table import Cell, ci_cells, verdict
+from _seam_groups import run_group
+from _seam_known import known_failure
+from _seam_table import Cell, ci_cells, verdict
 
 GROUP_TIMEOUT_S = 240  # a hang fails the cells it stopped, not the whole run
 

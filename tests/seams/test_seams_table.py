@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from _page import render
-from _table import DIMENSIONS, all_cells, ci_cells, pairs_of, pairwise_cells, product_cells, verdict
+from _seam_page import render
+from _seam_table import DIMENSIONS, all_cells, ci_cells, pairs_of, pairwise_cells, product_cells, verdict
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "seams.md"
 

@@ -39,7 +39,7 @@ MEANING: dict[str, str] = {
     "fp16_user": "fp16 autocast, the user's `GradScaler`",
     "core": "`gradacc_ext.GradientAccumulator`",
     "compat": "the guides' API, `gradacc_ext.compat` (`GradientAccumulator(config)`, `accumulate_gradients`)",
-    "lightning": "`GradientAccumulatorCallback` in a Lightning `Trainer`",
+    "lightning": "`GradientAccumulatorCallback` in a Lightning `Trainer` (`fp16_user`: its '16-mixed' plugin's scaler)",
     "accelerate": "the accumulator over `Accelerator.prepare`d model, optimizer and loader",
     "fused_adamw": "`gradacc_ext.optim.FusedAdamW`",
     "fused_lion": "`gradacc_ext.optim.FusedLion`",
@@ -93,21 +93,21 @@ def verdict(cell: Cell) -> Verdict:
     c = cell
     # -- not built by this harness (listed on the docs page, so the gap is visible) --
     if c.entry == "lightning" and c.parallel in FSDP_MODES:
-        return Verdict("absent", "the callback supports Lightning's DDP strategies only; its FSDP refusal "
-                       "(issue 27 finding 1) is tested with the callback")  # fmt: skip
+        return Verdict("absent", "the callback refuses every strategy but Lightning's single-device and DDP ones at "
+                       "fit start (tests/frameworks/test_lightning_seams.py); not built here")  # fmt: skip
     if c.entry == "lightning" and c.path == "adaptive":
         return Verdict("absent", "the callback builds the core GradientAccumulator")
     if c.entry == "lightning" and c.event == "checkpoint":
         return Verdict("absent", "Lightning restores at window boundaries (tests/frameworks); mid-window: not built")
-    if c.entry == "lightning" and c.precision == "fp16_user":
-        return Verdict("absent", "Lightning has no fp16 AMP on a CPU (precision='16-mixed' runs bf16-mixed); its "
-                       "scaler under the callback (issue 27 finding 8) needs a GPU")  # fmt: skip
     if c.entry == "accelerate" and c.parallel in FSDP_MODES:
         return Verdict("absent", "the Accelerator's FSDP plugin is not built by the harness")
     # -- refused by the configuration (before anything is built) --
     if c.path == "fusion" and c.parallel == "ddp_overlap":
         return Verdict("refused", "the fused Linears never fill param.grad, which DDP's reducer reads",
                        r"gradient_accumulation_fusion=True cannot be combined with ddp_reduce='overlap'")  # fmt: skip
+    if c.entry == "lightning" and c.parallel == "ddp_overlap":
+        return Verdict("refused", "Lightning prepares DDP's reducer only in manual_backward(), not in the "
+                       "accumulator's backward", r"ddp_reduce='overlap' needs DDP's reducer")  # fmt: skip
     if c.path == "adaptive" and c.parallel == "ddp_overlap":
         return Verdict("refused", "DDP reduces during the closing backward; a micro-batch split in chunks has several",
                        r"split micro-batches \(AdaptiveGradientAccumulator\) need ddp_reduce='buffer'")  # fmt: skip

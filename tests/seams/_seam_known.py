@@ -4,12 +4,8 @@ the run, and the rule here is deleted)."""
 
 from __future__ import annotations
 
-from _table import Cell
+from _seam_table import Cell
 
-FINDING_1 = (
-    "issue 27 finding 1: under DDP the Lightning callback hands the accumulator the unwrapped module "
-    "(ranks drift apart; ddp_reduce='overlap' is refused as 'local')"
-)
 FINDING_3 = (
     "issue 27 finding 3: a backward that fails part-way makes Backprop.abort discard the whole open window "
     "(a RuntimeWarning), so the retried window is wrong; on the core path too, against micro_step()'s "
@@ -19,9 +15,6 @@ FINDING_3 = (
 
 def known_failure(cell: Cell) -> str:
     """The reason a cell is expected to fail today, or "" when it must pass."""
-    fusion_refused = cell.path == "fusion" and cell.parallel == "ddp_overlap"  # the config refuses it first
-    if cell.entry == "lightning" and cell.parallel.startswith("ddp_") and not fusion_refused:
-        return FINDING_1
     if cell.event == "oom_backward" and cell.parallel in ("local", "ddp_buffer"):
         return FINDING_3
     return ""

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 
 import torch
-from _cells import (
+from _seam_cells import (
     CHECKPOINT_AT,
     CHUNK,
     config_fields,
@@ -24,7 +24,7 @@ from _cells import (
     shard,
     user_scaler,
 )
-from _table import FSDP_MODES, Cell
+from _seam_table import FSDP_MODES, Cell
 
 
 def wrap(cell: Cell, model: torch.nn.Module, world: int) -> torch.nn.Module:

@@ -13,7 +13,7 @@ import contextlib
 import time
 
 import torch
-from _table import Cell
+from _seam_table import Cell
 
 IN, HIDDEN, OUT = 5, 6, 3
 ROWS = 4  # rows per rank per micro-batch (the adaptive path splits them into chunks of CHUNK)

@@ -18,8 +18,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from _cells import TOL, low_precision, reference, trained
-from _table import Cell, verdict
+from _seam_cells import TOL, low_precision, reference, trained
+from _seam_table import Cell, verdict
 
 WORLD = {"local": 1, "ddp_buffer": 2, "ddp_overlap": 2, "fsdp_window": 2, "fsdp_micro": 2, "hsdp": 4}
 FAST_WATCH = {"POLL_S": 0.05, "STALL_S": 0.3, "ABORT_GRACE_S": 0.2}  # below the slow peer's SLOW_S
@@ -46,13 +46,13 @@ def _compare(cell: Cell, model: torch.nn.Module, opt: torch.optim.Optimizer, wor
 
 
 def _run_cell(cell: Cell, rank: int, world: int, phase: str, ckpt: str) -> tuple[bool, str]:
-    from _entries import build, run_loop
+    from _seam_entries import build, run_loop
 
     want = verdict(cell)
     parts = None
     try:
         if cell.entry == "lightning":  # the Trainer builds everything inside fit()
-            from _lightning import run_lightning
+            from _seam_lightning import run_lightning
 
             (model, opt), finished = run_lightning(cell, rank, world), True
         else:

@@ -5,11 +5,11 @@ use Lightning's "ddp" strategy inside the process group the harness already star
 from __future__ import annotations
 
 import torch
-from _cells import config_fields, make_model, make_optimizer, make_scheduler, mse, samples, shard
-from _entries import retry_on_oom
-from _table import Cell
+from _seam_cells import config_fields, make_model, make_optimizer, make_scheduler, mse, samples, shard, user_scaler
+from _seam_entries import retry_on_oom
+from _seam_table import Cell
 
-PRECISION = {"fp32": "64-true", "bf16": "32-true", "fp16_own": "32-true", "fp16_user": "16-mixed"}
+PRECISION = {"fp32": "64-true", "bf16": "32-true", "fp16_own": "32-true"}  # the config's autocast; fp16_user below
 
 
 def run_lightning(cell: Cell, rank: int, world: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -38,6 +38,14 @@ def run_lightning(cell: Cell, rank: int, world: int) -> tuple[torch.nn.Module, t
             opt = make_optimizer(cell, self.parameters())
             return {"optimizer": opt, "lr_scheduler": make_scheduler(opt)}
 
+    fields = config_fields(cell)
+    if cell.precision == "fp16_user":  # Lightning's "16-mixed" autocasts and scales with the user's GradScaler
+        from lightning.pytorch.plugins import MixedPrecision
+
+        fields["mixed_precision"] = "no"
+        precision = {"plugins": [MixedPrecision("16-mixed", "cpu", scaler=user_scaler(cell))]}
+    else:
+        precision = {"precision": PRECISION[cell.precision]}
     module = SeamModule()
     loader = torch.utils.data.DataLoader([shard(b, rank) for b in samples(cell, world)], batch_size=None)
     trainer = pl.Trainer(
@@ -45,8 +53,8 @@ def run_lightning(cell: Cell, rank: int, world: int) -> tuple[torch.nn.Module, t
         devices=world,
         strategy="ddp" if world > 1 else "auto",
         max_epochs=1,
-        precision=PRECISION[cell.precision],
-        callbacks=[GradientAccumulatorCallback(GradientAccumulationConfig(**config_fields(cell)))],
+        **precision,
+        callbacks=[GradientAccumulatorCallback(GradientAccumulationConfig(**fields))],
         use_distributed_sampler=False,  # each rank's loader already holds its own shard
         logger=False,
         enable_checkpointing=False,
