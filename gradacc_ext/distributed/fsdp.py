@@ -81,17 +81,23 @@ class FSDP2Sync(LocalSync):
         return contextlib.nullcontext()
 
     def _check_resharded(self, where: str) -> None:
-        """Between micro-steps FSDP2 has resharded every parameter (each is a DTensor again). A backward that
-        raised part-way (an out-of-memory error the caller caught) leaves the modules it had not finished
-        unsharded, their reduction state mid-backward: no later backward or window end can be exact, so
-        refuse here, before anything runs (the seam matrix, tests/seams, found a retry silently wrong)."""
-        left = [name for name, p in self.model.named_parameters() if not isinstance(p, DTensor)]
-        if left:
+        """Between micro-steps FSDP2 is idle: its end-of-backward callback ran and every parameter is resharded
+        (a DTensor). A backward that raised part-way (an out-of-memory error the caller caught) leaves that
+        callback pending and modules it had not finished unsharded or mid-reduction: no later backward or
+        window end can be exact, so refuse here, before anything runs (the seam matrix, tests/seams, found a
+        retry silently wrong). The pending callback is read from FSDP2's root state (private, as release_held)."""
+        root = getattr(self.model, "_get_fsdp_state", None)
+        context = getattr(root(), "_state_ctx", None) if root is not None else None
+        pending = bool(getattr(context, "post_backward_final_callback_queued", False))
+        unsharded = [name for name, p in self.model.named_parameters() if not isinstance(p, DTensor)]
+        if pending or unsharded:
+            names = ", ".join(unsharded[:3])
+            left = f"{len(unsharded)} parameter(s) are still unsharded ({names}), " if unsharded else ""
             raise RuntimeError(
                 f"GradientAccumulator.{where}: FSDP2 was left mid-backward by a backward that raised (e.g. an "
-                f"out-of-memory error that was caught): {len(left)} parameter(s) are still unsharded "
-                f"({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}), so a retried micro-step cannot be "
-                "exact. Nothing was written; restart from the last checkpoint (an OOM in forward can be retried)"
+                f"out-of-memory error that was caught): {left}its end-of-backward callback never ran, so a retried "
+                "micro-step cannot be exact. Nothing was written; restart from the last checkpoint (an error in "
+                "forward can be retried)"
             )
 
     def before_backward(self, final: bool, buffers: GradBuffers) -> bool:

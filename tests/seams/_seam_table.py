@@ -115,9 +115,9 @@ def verdict(cell: Cell) -> Verdict:
         return Verdict("refused", "collectives run inside the micro-step: one rank cannot split alone",
                        r"so this rank cannot split alone")  # fmt: skip
     if c.parallel == "ddp_overlap" and c.event == "oom_backward":
-        return Verdict("refused", "DDP's reducer ran part of the closing backward's all-reduce: the retry fails "
-                       "every rank with an error naming the OOM (distributed/failures.py)",
-                       r"ran out of memory")  # fmt: skip
+        return Verdict("refused", "the closing backward raised part-way: DDP's reducer is mid-reduction and the "
+                       "window's sums (param.grad) hold part of it, so the retry is refused",
+                       r"with ddp_reduce='overlap' the window's closing backward raised part-way")  # fmt: skip
     if c.parallel in FSDP_MODES and c.event == "oom_backward":
         return Verdict("refused", "a backward that raised leaves FSDP2 mid-backward: the retry is refused",
                        r"FSDP2 was left mid-backward")  # fmt: skip
