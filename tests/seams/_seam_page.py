@@ -10,6 +10,7 @@ from _seam_table import (
     DIMENSIONS,
     MEANING,
     PRODUCT_SUBSET,
+    REGRESSION_CELLS,
     Cell,
     all_cells,
     ci_cells,
@@ -101,7 +102,8 @@ def render() -> str:
             f"{len(ci)} cells: a pairwise covering array of {len(pairwise_cells())} cells (every pair of values of any",
             "two dimensions that a built combination holds, in at least one cell; a deterministic greedy choice),",
             "plus the full product of the most used subset: " +
-            " x ".join("/".join(f"`{v}`" for v in vs) for vs in PRODUCT_SUBSET.values()) + ".", ""]  # fmt: skip
+            " x ".join("/".join(f"`{v}`" for v in vs) for vs in PRODUCT_SUBSET.values()) + ", plus cells that",
+            "pin what the matrix found: " + ", ".join(f"`{c.id}`" for c in REGRESSION_CELLS) + ".", ""]  # fmt: skip
     gaps = uncovered_pairs()
     if gaps:
         out.append("Pairs no built combination holds (only in `A` rules): " +
