@@ -53,7 +53,7 @@ def make_tail(shapes, dtype: torch.dtype, optimizer: Callable, fused_step: bool)
         b, window = acc._buffers, acc._window
         for d, f in b.flats.items():
             f.copy_(sums[d])
-        b.seen = [True] * len(params)
+        b.sums.restore([True] * len(params))
         for _ in range(STEPS):
             window.commit(False, 1.0, completes_micro_batch=True)
         start = time.perf_counter()

@@ -8,9 +8,10 @@
     acc.flush()                                # applies the short last window, weighted by its real size
 
 The accumulator runs micro-steps and owns its collaborators, each in its own module: GradBuffers (the
-window's gradient SUM), GradHooks (folds gradients into it in buckets while backward runs), Window
-(normaliser, weights, micro-step count), Backprop (one backward into the window), WindowEnd (the
-window's end, as one sequence) with OptimizerStepper (step, deferred scheduler step) and Checkpoint.
+window's gradient SUM) with WindowSums (which views hold it; each backward a transaction), GradHooks
+(folds gradients into it in buckets while backward runs), Window (normaliser, weights, micro-step
+count), Backprop (one backward into the window), WindowEnd (the window's end, as one sequence) with
+OptimizerStepper (step, deferred scheduler step) and Checkpoint.
 It owns hooks on its parameters: use it as a context manager or call close() (garbage collection
 removes them too).
 """
@@ -18,6 +19,7 @@ removes them too).
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -92,7 +94,8 @@ class GradientAccumulator:
         self._checkpoint = Checkpoint(
             c, self._window, self._buffers, self.stats, self._loss_scale, self._stepper, self._sync
         )
-        self._hooks = GradHooks(self.params, self._buffers, c.bucket_size_bytes, c.grad_views)  # registers hooks
+        self._sums = self._buffers.sums
+        self._hooks = GradHooks(self.params, self._sums, c.bucket_size_bytes, c.grad_views)  # registers hooks
         fusion = c.gradient_accumulation_fusion  # installs fused Linear forwards (after the hooks it writes beside)
         self._fusion = LinearFusion(self.module, self.params, self._hooks, self.stats) if fusion else None
         self._backprop = Backprop(
@@ -199,20 +202,40 @@ class GradientAccumulator:
         return self._backward_into_window(loss, num_items)
 
     def _backward_into_window(
-        self, loss: torch.Tensor, num_items: int | torch.Tensor | None, share: float = 1.0, completes: bool = True
+        self,
+        loss: torch.Tensor,
+        num_items: int | torch.Tensor | None,
+        share: float = 1.0,
+        completes: bool = True,
+        may_close: bool = True,
     ) -> bool:
         """One backward of a micro-batch, or of the part `share` of it (the adaptive accumulator's splits); only
-        the backward that completes a micro-batch counts as a micro-step and can close the window."""
+        the backward that completes a micro-batch counts as a micro-step and can close the window (unless
+        may_close=False: an earlier micro-batch of the window, replayed)."""
         weight, count = self._window.weight(num_items, share)
-        final = completes and (self._closing or self.sync_gradients)
+        final = completes and may_close and (self._closing or self.sync_gradients)
         with told_to_peers(self._sync.reduces and not self._in_micro_step):  # inside one, micro_step() tells
-            self._backprop.run(
-                loss, weight, count, weighted=num_items is not None, completes_micro_batch=completes, final=final
-            )
+            try:
+                self._backprop.run(
+                    loss, weight, count, weighted=num_items is not None, completes_micro_batch=completes, final=final
+                )
+            except BaseException as error:
+                if self._backprop.discarded:
+                    self._window_discarded(error)
+                raise
             self._backward_done = True
             if final:
                 self._end.close(self._window)
         return final
+
+    def _window_discarded(self, error: BaseException) -> None:
+        """A failed backward had added into earlier micro-steps' sums: the open window was discarded."""
+        warnings.warn(
+            "GradientAccumulator: a backward failed after part of its gradient was added to the window's sums; "
+            "the open window was discarded (the next micro-batch starts a new one)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
     def step_batch(self, batch: Any, loss_fn: LossFn) -> bool:
         """One micro-batch through a callable: loss_fn(model, batch) -> loss or (loss, num_items)."""

@@ -3,7 +3,10 @@
 Gradients are added into the views as autograd produces them (GradHooks
 hands them over in buckets) and param.grad is dropped at once, so autograd
 writes a new gradient next time and no zeroing pass is ever needed: the
-first contribution of a window is written with assign=True. A parameter
+first contribution of a window is written with assign=True. Which views
+hold this window's sum is recorded by the buffers' WindowSums
+(window_sums.py), the one way anything writes them during a micro-step;
+GradBuffers reads that record at the window's end. A parameter
 that gets no gradient in a micro-step contributes nothing to it; one that
 gets none in the whole window is shown to the optimizer with grad None, as
 in a plain loop.
@@ -32,6 +35,7 @@ from ..ops import reference
 from ..ops.constants import DEFAULT_EPS, HALF_DTYPES
 from ..optim.shards import is_sharded
 from . import param_grads
+from .window_sums import WindowSums
 
 ALIGN = 16  # bytes: one 128-bit vector load; the CUDA kernels' vector width and the CPU's SSE/NEON width
 
@@ -135,7 +139,7 @@ class GradBuffers:
         # the copies are freed right after the step.
         self._cast_index = [i for i, d in enumerate(self.buf_dtypes) if d != self.params[i].dtype]
         self.ops = _reference_ops() if torch.float64 in self.dtypes else ops
-        self.seen = [False] * len(self.params)
+        self.sums = WindowSums(self)  # the one owner of which views hold this window's sum (window_sums.py)
 
     def _ensure(self) -> None:
         """Allocates the flat buffers (uninitialised: every view's first write assigns)."""
@@ -151,33 +155,29 @@ class GradBuffers:
     def allocated(self) -> bool:
         return bool(self.flats)
 
-    # -- per micro-step ---------------------------------------------------------------------------------------------
+    # -- per micro-step (called by WindowSums, which decides assign) ----------------------------------------------
 
-    def add(self, index: Sequence[int], grads: Sequence[torch.Tensor], scale: float | torch.Tensor) -> None:
-        """views[index] += scale * grads (distinct indices); a parameter's first gradient of the window is assigned."""
+    def accumulate(
+        self, index: Sequence[int], grads: Sequence[torch.Tensor], scale: float | torch.Tensor, *, assign: bool
+    ) -> None:
+        """views[index] = (or +=, assign=False) scale * grads, in one multi-tensor launch."""
         self._ensure()
-        first = [k for k, i in enumerate(index) if not self.seen[i]]
-        again = [k for k, i in enumerate(index) if self.seen[i]]
-        for part, assign in ((first, True), (again, False)):
-            if part:
-                self.ops.accumulate_(
-                    [self.views[index[k]] for k in part],
-                    [_dense(self._local(grads[k]), self.params[index[k]]) for k in part],
-                    scale,
-                    assign=assign,
-                    backend=self.backend,
-                )
-        for k in first:
-            self.seen[index[k]] = True
+        self.ops.accumulate_(
+            [self.views[i] for i in index],
+            [_dense(self._local(g), self.params[i]) for i, g in zip(index, grads, strict=True)],
+            scale,
+            assign=assign,
+            backend=self.backend,
+        )
 
     # -- window end -------------------------------------------------------------------------------------------------
 
     def window_views(self) -> list[torch.Tensor]:
-        return [v for v, s in zip(self.views, self.seen, strict=True) if s]
+        return [self.views[i] for i in self.sums.indices()]
 
     def grads_by_param(self) -> dict[torch.nn.Parameter, torch.Tensor]:
         """param -> its sum in the buffers, for the params that got a gradient this window (a fused step's input)."""
-        return {p: v for p, v, s in zip(self.params, self.views, self.seen, strict=True) if s}
+        return {self.params[i]: self.views[i] for i in self.sums.indices()}
 
     def norm(self, norm_type: float) -> torch.Tensor:
         """The norm of the window's sums as they stand (read-only)."""
@@ -192,16 +192,8 @@ class GradBuffers:
         norm_out.copy_(self.ops.global_norm(bufs, norm_type, backend=self.backend).reshape(norm_out.shape))
 
     def include_all(self) -> None:
-        """Zero the views of parameters without a gradient this window and count them in.
-
-        Distributed sums run over the whole flat buffers, so every view must hold
-        this window's value (zero when this rank produced no gradient for it).
-        """
-        self._ensure()
-        for i, seen in enumerate(self.seen):
-            if not seen:
-                self.views[i].zero_()
-                self.seen[i] = True
+        """Every view holds this window's value, zero where none came (distributed sums run over whole buffers)."""
+        self.sums.include_all()
 
     def clip(self, norm: torch.Tensor, max_grad_norm: float | None, clip_value: float | None) -> None:
         bufs = self.window_views()
@@ -212,14 +204,14 @@ class GradBuffers:
 
     def expose(self) -> None:
         """param.grad = this window's gradient (a view, or a param-dtype copy); None if the window gave none."""
-        cast = [i for i in self._cast_index if self.seen[i]]
+        cast = [i for i in self._cast_index if self.sums.written(i)]
         copies = dict(zip(cast, [torch.empty_like(self.layout[i]) for i in cast], strict=True))
         if cast:
             # One fused cast per window into copies that live only until release().
             torch._foreach_copy_([copies[i] for i in cast], [self.views[i] for i in cast])
         for i, p in enumerate(self.params):
             grad = copies[i] if i in copies else self.views[i]
-            param_grads.show(p, self._param_grad(i, grad) if self.seen[i] else None)
+            param_grads.show(p, self._param_grad(i, grad) if self.sums.written(i) else None)
 
     def _local(self, grad: torch.Tensor) -> torch.Tensor:
         return grad if self.shards is None else self.shards.local_grad(grad)
@@ -233,7 +225,7 @@ class GradBuffers:
         With release=True the flat buffers are freed too and re-created by the next window's first gradient.
         """
         param_grads.clear(self.params)
-        self.seen = [False] * len(self.params)
+        self.sums.reset()
         if self.release_after_step:
             self.flats, self.views = {}, []
 
@@ -241,7 +233,7 @@ class GradBuffers:
 
     def state_dict(self) -> dict:
         """The window's per-parameter sums (None where none yet): independent of the flat layout."""
-        return {"grads": [self.views[i].clone() if s else None for i, s in enumerate(self.seen)]}
+        return {"grads": [self.views[i].clone() if self.sums.written(i) else None for i in range(len(self.params))]}
 
     def load_state_dict(self, state: dict) -> None:
         """Loads state_dict() output, or version 1's {"flats", "seen"} (unpadded, in registration order)."""
@@ -262,7 +254,7 @@ class GradBuffers:
         for view, g in zip(self.views, grads, strict=True):
             if g is not None:
                 view.copy_(g)
-        self.seen = [g is not None for g in grads]
+        self.sums.restore([g is not None for g in grads])
 
     def _from_v1(self, state: dict) -> list[torch.Tensor | None]:
         flats, seen = state["flats"], state["seen"]

@@ -34,14 +34,16 @@ from __future__ import annotations
 import torch
 
 from . import param_grads
-from .buffers import GradBuffers
+from .window_sums import WindowSums
 
 
 class GradViews:
     """Attaches buffer views as param.grad between micro-steps of a weight-1 window."""
 
-    def __init__(self, buffers: GradBuffers, enabled: bool) -> None:
-        self.buffers = buffers
+    def __init__(self, sums: WindowSums, enabled: bool) -> None:
+        self.sums = sums
+        buffers = sums.buffers
+        self.params = buffers.params
         # Not for FSDP2's sharded parameters (their layout is the local shard, not the parameter): their
         # gradients come from FSDP's reduce-scatter as DTensors.
         self.eligible = [
@@ -50,6 +52,7 @@ class GradViews:
             if enabled and t is p and buffers.buf_dtypes[i] == p.dtype
         ]
         self.attached: set[int] = set()  # views that are param.grad during this backward
+        self._before: set[int] = set()  # views attached when this backward began (restore() re-attaches them)
 
     def begin(self, weight: float | torch.Tensor) -> bool:
         """Before a backward: keep the attached views if `weight` is 1, detach them otherwise.
@@ -60,13 +63,20 @@ class GradViews:
         keep = not isinstance(weight, torch.Tensor) and weight == 1.0
         attached = {i for i in self.attached if self._is_view(i)}
         for i in self.attached - attached:
-            if self.buffers.views and self.buffers.params[i].grad is self.buffers.views[i]:
-                param_grads.show(self.buffers.params[i], None)  # a view whose sum a resume dropped: stale
+            if self.sums.is_view(i, self.params[i].grad):
+                param_grads.show(self.params[i], None)  # a view whose sum a resume dropped: stale
+        self._before = attached
         if not keep:
-            param_grads.clear(self.buffers.params[i] for i in attached)
+            param_grads.clear(self.params[i] for i in attached)
             attached = set()
         self.attached = attached
         return bool(attached)
+
+    def restore(self) -> None:
+        """After an exact rollback: the views attached when the failed backward began show the restored sums."""
+        self.attached = {i for i in self._before if self.sums.written(i)}
+        for i in self.attached:
+            param_grads.show(self.params[i], self.sums.view(i))
 
     def owns(self, i: int) -> bool:
         """Whether parameter i's gradient went into its view (then the hooks path leaves it alone)."""
@@ -80,7 +90,7 @@ class GradViews:
     def check_unarmed(self, i: int) -> None:
         """A backward outside the accumulator reached parameter i: refuse an out-of-place add into its view."""
         if i in self.attached and torch.is_grad_enabled() and not self._is_view(i):
-            param_grads.show(self.buffers.params[i], self.buffers.views[i])  # undo: the buffer still holds the sum
+            param_grads.show(self.params[i], self.sums.view(i))  # undo: the buffer still holds the sum
             raise RuntimeError(
                 "GradientAccumulator(grad_views=True): backward(create_graph=True) while .grad is a view of the "
                 "accumulator's buffer would replace it by sum + gradient; use torch.autograd.grad for gradient "
@@ -91,14 +101,12 @@ class GradViews:
         """After a backward of weight 1: parameters with a sum in the buffers get their view as .grad."""
         if isinstance(weight, torch.Tensor) or weight != 1.0:
             return
-        b = self.buffers
         for i in self.eligible:
-            p = b.params[i]
-            if b.seen[i] and p.grad is None:
-                param_grads.show(p, b.views[i])
+            p = self.params[i]
+            if self.sums.written(i) and p.grad is None:
+                param_grads.show(p, self.sums.view(i))
                 self.attached.add(i)
 
     def _is_view(self, i: int) -> bool:
         """Whether param i's .grad is still its view holding this window's sum (not after a reset or resume)."""
-        b = self.buffers
-        return bool(b.flats) and b.seen[i] and b.params[i].grad is b.views[i]
+        return self.sums.written(i) and self.sums.is_view(i, self.params[i].grad)

@@ -37,18 +37,18 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import param_grads
-from .buffers import GradBuffers
 from .grad_views import GradViews
+from .window_sums import WindowSums
 
 # Parameter -> the GradHooks that owns it (weakly on both sides).
 _OWNERS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 class GradHooks:
-    """Queues gradients as autograd produces them and folds them into `buffers` in buckets."""
+    """Queues gradients as autograd produces them and folds them into the window's `sums` in buckets."""
 
     def __init__(
-        self, params: Sequence[torch.nn.Parameter], buffers: GradBuffers, bucket_bytes: int, grad_views: bool = False
+        self, params: Sequence[torch.nn.Parameter], sums: WindowSums, bucket_bytes: int, grad_views: bool = False
     ) -> None:
         for i, p in enumerate(params):
             owner = _OWNERS.get(p)
@@ -58,15 +58,14 @@ class GradHooks:
                     "GradientAccumulator; close() that one first (or use it as a context manager)"
                 )
         self.params = list(params)
-        self.buffers = buffers
+        self.sums = sums
+        self.buffers = sums.buffers  # the layout (linear_fusion.py checks which parameters it can fuse)
         self.bucket_bytes = bucket_bytes
-        self.views = GradViews(buffers, grad_views)
+        self.views = GradViews(sums, grad_views)
         self.armed = False
         self.weight: float | torch.Tensor = 1.0
         self._queue: dict[int, torch.Tensor] = {}
         self._queued_bytes = 0
-        self._folded_again = False  # this backward added to a view that held an earlier micro-step's sum
-        self._assigned: list[int] = []  # views this backward wrote first (restorable by unmarking them)
         me = weakref.ref(self)
         handles = [p.register_post_accumulate_grad_hook(_hook(me, i)) for i, p in enumerate(self.params)]
         for p in self.params:
@@ -84,11 +83,10 @@ class GradHooks:
     # -- one backward -----------------------------------------------------------------------------------------------
 
     def arm(self, weight: float | torch.Tensor) -> None:
-        """Starts folding, with `weight` for every gradient of this backward."""
+        """Starts folding, with `weight` for every gradient of this backward (inside the sums' open micro-step)."""
         self.armed, self.weight = True, weight
-        self._assigned = []
-        # Autograd adds into attached views in place: a failure in this backward cannot be undone.
-        self._folded_again = self.views.begin(weight)
+        if self.views.begin(weight):
+            self.sums.writes_in_place()  # autograd adds into the attached views itself
 
     def fold_rest(self) -> None:
         """Backward returned: fold the queue, and gradients left in param.grad by backwards outside ours."""
@@ -99,30 +97,10 @@ class GradHooks:
         self.views.install(self.weight)
         self.armed = False
 
-    def abort(self) -> bool:
-        """Backward failed: drop the queue and this backward's first writes; False if it cannot be undone exactly.
-
-        A view that already held earlier micro-steps' sum and got part of the
-        failed backward added cannot be restored; the caller discards the window.
-        """
+    def abort(self) -> None:
+        """Backward failed: drop the queue and stop folding (the caller rolls the sums back)."""
         self._queue, self._queued_bytes = {}, 0
-        for i in self._assigned:
-            self.buffers.seen[i] = False
         self.armed = False
-        return not self._folded_again
-
-    def write_directly(self, i: int) -> bool:
-        """A writer beside the hooks (linear_fusion.py) writes view i itself now: True to add, False to assign.
-
-        It is booked as a fold: abort() can undo a first write, not an addition to an earlier micro-step's sum.
-        """
-        self.buffers._ensure()
-        again = self.buffers.seen[i]
-        self._folded_again |= again
-        if not again:
-            self.buffers.seen[i] = True
-            self._assigned.append(i)
-        return again
 
     def _ready(self, i: int, param: torch.Tensor) -> None:
         if not self.armed:
@@ -144,10 +122,7 @@ class GradHooks:
             return
         index, grads = list(self._queue), list(self._queue.values())
         self._queue, self._queued_bytes = {}, 0
-        first = [i for i in index if not self.buffers.seen[i]]
-        self._folded_again |= len(first) < len(index)
-        self.buffers.add(index, grads, self.weight)
-        self._assigned += first
+        self.sums.add(index, grads, self.weight)
 
 
 def _hook(owner: weakref.ref, i: int):

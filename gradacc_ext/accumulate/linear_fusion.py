@@ -8,8 +8,8 @@ params, so the fp32 sum adds rounded values). With it, each Linear's backward ru
     gradacc.wgrad_addmm_(view, grad_out_2d.T, input_2d, beta, alpha)  # bf16/fp16 params, fp32 buffer, CUDA
 
 and returns no weight gradient to autograd (Megatron-LM's gradient_accumulation_fusion). beta=0 (assign,
-no zeroing pass) when the view has received nothing yet this window: the buffers' per-parameter `seen`,
-shared with the hooks path through GradHooks.write_directly, so a tied weight whose other contribution
+no zeroing pass) when the view has received nothing yet this window: WindowSums.write_directly hands
+out the view and its beta (window_sums.py, shared with the hooks path), so a tied weight whose other contribution
 (an embedding's) arrives first through the hooks is added to, and lands in one view, counted once. The
 bias gradient is summed into its view (a bias-sized temporary). w is the micro-step's weight
 (normalisation, num_items), scaled into grad_out when it is a device tensor.
@@ -42,6 +42,7 @@ from torch import nn
 from ..ops import wgrad
 from ..ops.constants import HALF_DTYPES
 from .hooks import GradHooks
+from .linear_fusion_calls import unfused_reason
 from .stats import AccumulatorStats
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,7 @@ class _Slot:
         hooks = self._armed_hooks()
         if hooks is None:
             return g2.t().mm(x2)
-        beta = 1.0 if hooks.write_directly(self.weight) else 0.0  # allocates the buffers on a window's first write
-        view = hooks.buffers.views[self.weight]
+        view, beta = hooks.sums.write_directly(self.weight)  # allocates the buffers on a window's first write
         g2, alpha = _weighted(g2, hooks.weight)
         if g2.dtype == view.dtype:
             view.addmm_(g2.t(), x2, beta=beta, alpha=alpha)
@@ -73,11 +73,10 @@ class _Slot:
         hooks = self._armed_hooks()
         if self.bias is None or hooks is None:
             return g2.sum(0)
-        again = hooks.write_directly(self.bias)
-        view = hooks.buffers.views[self.bias]
+        view, beta = hooks.sums.write_directly(self.bias)
         g2, alpha = _weighted(g2, hooks.weight)
         total = g2.sum(0, dtype=view.dtype)
-        if again:
+        if beta:
             view.add_(total, alpha=alpha)
         else:
             torch.mul(total, alpha, out=view)
@@ -126,17 +125,19 @@ class _FusedForward:
         self.module_ref, self.name, self.slot = weakref.ref(module), name, slot
         self.weight, self.bias = module.weight, module.bias
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, input: torch.Tensor) -> torch.Tensor:  # nn.Linear.forward's signature: lin(input=x) works
         module = self.module_ref()
-        if module.weight is not self.weight or module.bias is not self.bias:
-            raise RuntimeError(
-                f"GradientAccumulator (gradient_accumulation_fusion): {self.name}.weight or .bias was replaced "
-                "while the accumulator owns the model, so its gradient would go to a stale buffer; close() the "
-                "accumulator before replacing parameters and build a new one (an in-place .data/copy_ is fine)"
-            )
+        weight, bias = module.weight, module.bias
         if torch.compiler.is_compiling() or not torch.is_grad_enabled():
-            return F.linear(x, module.weight, module.bias)  # traced graphs: the hooks path takes the gradient
-        return _FusedLinear.apply(x, module.weight, module.bias, self.slot)
+            return F.linear(input, weight, bias)  # traced graphs: the hooks path takes the gradient; no_grad: none
+        why = unfused_reason(input, weight, bias, self.weight, self.bias)
+        if why is None:
+            return _FusedLinear.apply(input, weight, bias, self.slot)
+        out = F.linear(input, weight, bias)  # nn.Linear.forward itself
+        fusion = self.slot.owner()
+        if fusion is not None:
+            fusion.ran_unfused(self.name, why)
+        return out
 
     def __deepcopy__(self, memo: dict) -> object:
         # copy.deepcopy(model) while owned (an EMA copy): the copy is a plain Linear, never writing our buffers.
@@ -161,9 +162,10 @@ class LinearFusion:
         hooks: GradHooks,
         stats: AccumulatorStats,
     ) -> None:
-        self.hooks = hooks
-        self.fallbacks: dict[str, str] = {}  # parameter name -> why the hooks path takes its gradient
-        self.fused: list[int] = []  # indices (into params) of parameters whose gradients the fusion writes
+        self.hooks, self.stats = hooks, stats
+        self.fallbacks: dict[str, str] = {}  # parameter name -> why the hooks path takes its gradient (none fused)
+        self.fused: set[int] = set()  # indices (into params) of parameters whose gradients the fusion writes
+        refused: dict[int, tuple[str, str]] = {}  # index -> (the first refused Linear's name for it, why)
         installed: list[nn.Linear] = []
         self._finalizer = weakref.finalize(self, _restore, installed)
         linears = [(n, m) for n, m in module.named_modules() if isinstance(m, nn.Linear)] if module else []
@@ -178,17 +180,18 @@ class LinearFusion:
         compiled = _is_compiled(module)
         me = weakref.ref(self)
         for name, linear in linears:
-            slot = self._slot(me, name, linear, index, compiled)
+            slot = self._slot(me, name, linear, index, compiled, refused)
             if slot is not None:
                 linear.forward = _FusedForward(linear, name, slot)
                 installed.append(linear)
-        for name, why in self.fallbacks.items():
-            log.warning("GradientAccumulator: gradient_accumulation_fusion leaves %s to the hooks path: %s", name, why)
-        stats.fused_linear_params = len(self.fused)
+        self._record_fallbacks(refused)
+        stats.fused_linear_params = len(self.fused)  # a weight shared by two fused Linears counts once
         stats.linear_fusion_fallbacks = dict(self.fallbacks)
 
-    def _slot(self, me: weakref.ref, name: str, linear: nn.Linear, index: dict, compiled: bool) -> _Slot | None:
-        """The Linear's slot, or None (its parameters' reasons recorded) when it cannot be fused."""
+    def _slot(
+        self, me: weakref.ref, name: str, linear: nn.Linear, index: dict, compiled: bool, refused: dict
+    ) -> _Slot | None:
+        """The Linear's slot, or None (its parameters' reasons recorded in `refused`) when it cannot be fused."""
         w, b = index.get(id(linear.weight)), index.get(id(linear.bias)) if linear.bias is not None else None
         if w is None:  # a frozen (or foreign) weight: nothing to fuse; a trainable bias stays on the hooks path
             return None
@@ -196,9 +199,9 @@ class LinearFusion:
         if why is not None:
             for suffix, i in (("weight", w), ("bias", b)):
                 if i is not None:
-                    self.fallbacks[f"{name}.{suffix}" if name else suffix] = why
+                    refused.setdefault(i, (f"{name}.{suffix}" if name else suffix, why))
             return None
-        self.fused += [i for i in (w, b) if i is not None]
+        self.fused.update(i for i in (w, b) if i is not None)
         # bf16/fp16 params with fp32 buffers, or autocast activations over fp32 params: one fp32-output GEMM.
         device = linear.weight.device
         return _Slot(me, w, b, mixed_gemm=device.type == "cuda" and wgrad.probe(device) is None)
@@ -216,6 +219,29 @@ class LinearFusion:
         if buffers.buf_dtypes[w] != linear.weight.dtype and linear.weight.dtype in HALF_DTYPES:
             return wgrad.probe(linear.weight.device)
         return None
+
+    def _record_fallbacks(self, refused: dict[int, tuple[str, str]]) -> None:
+        """Lists the refused parameters that no other Linear fuses; a tied one fused elsewhere is only logged."""
+        for i, (name, why) in refused.items():
+            if i in self.fused:  # its refused Linear's own calls reach the shared view through the hooks path
+                log.info(
+                    "GradientAccumulator: gradient_accumulation_fusion fuses %s through another nn.Linear; "
+                    "this module's calls reach it through the hooks path: %s",
+                    name,
+                    why,
+                )
+            else:
+                self.fallbacks[name] = why
+                log.warning(
+                    "GradientAccumulator: gradient_accumulation_fusion leaves %s to the hooks path: %s", name, why
+                )
+
+    def ran_unfused(self, name: str, why: str) -> None:
+        """A call of the fused Linear `name` ran plain F.linear (linear_fusion_calls.py): counted per reason."""
+        calls = self.stats.linear_fusion_unfused_calls
+        if why not in calls:
+            log.info("GradientAccumulator: gradient_accumulation_fusion ran a call of %s unfused: %s", name, why)
+        calls[why] = calls.get(why, 0) + 1
 
     @property
     def closed(self) -> bool:

@@ -7,7 +7,9 @@
 - A mixed-precision forward run outside micro_step(): it gets no autocast
   and fp32 activations, silently. Autocast leaves low-precision tensors saved
   in the graph (the casted weights and activations); a graph with none ran
-  in full precision.
+  in full precision. Built-in nodes show them as `_saved_*` fields, custom
+  autograd.Functions (the fused Linear's node, linear_fusion.py) as
+  `saved_tensors`.
 """
 
 from __future__ import annotations
@@ -57,12 +59,17 @@ def ran_in_low_precision(loss: torch.Tensor) -> bool:
         if node is None or node in seen:
             continue
         seen.add(node)
-        for name in _SAVED:
-            value = getattr(node, name, None)
-            if isinstance(value, torch.Tensor) and value.dtype in HALF_DTYPES:
-                return True
+        if any(isinstance(value, torch.Tensor) and value.dtype in HALF_DTYPES for value in _saved(node)):
+            return True
         stack.extend(next_node for next_node, _ in node.next_functions)
     return False
+
+
+def _saved(node) -> tuple:
+    """What a graph node saved for backward: a custom autograd.Function's saved_tensors, else the _saved_* fields."""
+    if isinstance(node, torch.autograd.function.BackwardCFunction):
+        return node.saved_tensors
+    return tuple(getattr(node, name, None) for name in _SAVED)
 
 
 class MigrationChecks:

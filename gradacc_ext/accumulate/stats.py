@@ -85,6 +85,7 @@ class AccumulatorStats:
         self._step_time = [0.0, 0]
         self._last_micro = self._last_step = time.perf_counter()
         self.memory_usage: deque[dict] = deque(maxlen=max(self.history, 1))
+        self.linear_fusion_unfused_calls: dict[str, int] = {}  # reason -> fused-Linear calls run as plain F.linear
 
     # -- recording (no host sync) -----------------------------------------------------------------------------------
 

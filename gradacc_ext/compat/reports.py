@@ -59,6 +59,7 @@ def all_stats(acc: GradientAccumulator) -> dict[str, Any]:
         "fused_step_reason": stats.fused_step_reason,
         "fused_linear_params": stats.fused_linear_params,
         "linear_fusion_fallbacks": dict(stats.linear_fusion_fallbacks),
+        "linear_fusion_unfused_calls": dict(stats.linear_fusion_unfused_calls),
         "time_per_micro_step_s": stats.mean_micro_step_time(),
         "time_per_step_s": step_time,
         "avg_accumulation_time": step_time,

@@ -50,7 +50,7 @@ class GradHooks(Protocol):
 
     def arm(self, weight: float | torch.Tensor) -> None: ...  # the next gradients fold in, weighted
     def fold_rest(self) -> None: ...  # folds what arrived since the last bucket, then disarms
-    def abort(self) -> bool: ...  # disarms after a failure
+    def abort(self) -> None: ...  # disarms after a failure
 
 
 class SyncConfig(Protocol):

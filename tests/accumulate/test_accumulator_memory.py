@@ -84,8 +84,8 @@ def test_buckets_tied_unused_and_frozen_equal_the_plain_loop(bucket):
     config = GradientAccumulationConfig(accumulation_steps=3, bucket_size_bytes=bucket)
     with GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), config) as acc:
         folds = []
-        real_add = acc._buffers.add
-        acc._buffers.add = lambda index, grads, scale: (folds.append(len(index)), real_add(index, grads, scale))
+        real_add = acc._sums.add
+        acc._sums.add = lambda index, grads, scale: (folds.append(len(index)), real_add(index, grads, scale))
         run(acc, batches, loss_fn)
     norms = plain_loop(ref, batches, 3, loss_fn)
     assert_params_close(model, ref, F64)
@@ -282,7 +282,7 @@ def test_failed_backward_after_folding():
                 with acc.micro_step():
                     acc.backward(failing(model, batches[1]))
             assert any("window was discarded" in str(w.message) for w in caught) == expect_warning
-            assert acc._buffers.seen == [False] * 4 and acc.micro_steps_in_window == 0
+            assert acc._sums.indices() == [] and acc.micro_steps_in_window == 0
         ref = copy.deepcopy(model)
         run(acc, batches)
     plain_loop(ref, batches, 3)

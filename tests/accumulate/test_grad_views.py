@@ -48,13 +48,13 @@ def test_views_equal_the_plain_loop_and_hold_nothing_outside_the_buffers(bucket)
         seen = []
         probes = [p.register_post_accumulate_grad_hook(lambda p: seen.append(outside_bytes(acc))) for p in acc.params]
         folded = []
-        real_add = acc._buffers.add
-        acc._buffers.add = lambda index, grads, scale: (folded.append(list(index)), real_add(index, grads, scale))
+        real_add = acc._sums.add
+        acc._sums.add = lambda index, grads, scale: (folded.append(list(index)), real_add(index, grads, scale))
         for k, batch in enumerate(batches):
             seen.clear()
             with acc.micro_step():
                 closed = acc.backward(tied_loss(model, batch))
-            used = [p for p, s in zip(acc.params, acc._buffers.seen, strict=True) if s]
+            used = [acc.params[i] for i in acc._sums.indices()]
             if closed:
                 assert all(p.grad is None for p in acc.params)
             else:
@@ -152,7 +152,7 @@ def test_failed_backward_into_views_discards_the_window():
         with pytest.warns(RuntimeWarning, match="window was discarded"), pytest.raises(RuntimeError, match="injected"):
             with acc.micro_step():
                 acc.backward(failing(model, batches[1]))
-        assert acc._buffers.seen == [False] * 4 and all(p.grad is None for p in model.parameters())
+        assert acc._sums.indices() == [] and all(p.grad is None for p in model.parameters())
         ref = copy.deepcopy(model)
         run(acc, batches)
     plain_loop(ref, batches, 3)

@@ -231,9 +231,9 @@ def test_tied_embedding_and_head_land_in_one_view_counted_once(late_embedding, b
     acc = GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.5), cfg)
     tied = next(i for i, p in enumerate(acc.params) if p is model.emb.weight)
     order = []
-    write, add = acc._hooks.write_directly, acc._buffers.add
-    acc._hooks.write_directly = lambda i: (order.append(("fused", i)), write(i))[1]
-    acc._buffers.add = lambda index, *a: (order.extend(("hooks", i) for i in index), add(index, *a))[1]
+    write, add = acc._sums.write_directly, acc._sums.add
+    acc._sums.write_directly = lambda i: (order.append(("fused", i)), write(i))[1]
+    acc._sums.add = lambda index, *a: (order.extend(("hooks", i) for i in index), add(index, *a))[1]
     for batch in batches:
         with acc.micro_step():
             acc.backward(lm_loss(model, batch))
@@ -282,7 +282,7 @@ def test_failed_backward_undoes_fused_first_writes_and_discards_a_mixed_window()
                 acc.backward(F.mse_loss(model[2](torch.tanh(h)), batch[1]))
 
     failing_step(batches[0])
-    assert acc._buffers.seen == [False] * 4 and acc.micro_steps_in_window == 0
+    assert acc._sums.indices() == [] and acc.micro_steps_in_window == 0
     with acc.micro_step():
         acc.backward(micro_loss(model, batches[0], "mean", n)[0])
     with pytest.warns(RuntimeWarning, match="the open window was discarded"):

@@ -30,8 +30,6 @@ from _dist import (
 )
 from test_linear_fusion import (
     FUSION,
-    HIDDEN,
-    OUT,
     TOL,
     assert_params_close,
     make_batches,
@@ -233,18 +231,7 @@ def test_bad_input():
             torch.optim.SGD(model.parameters(), lr=0.1),
             GradientAccumulationConfig(accumulation_steps=2, **FUSION),
         )
-    x, y = make_batches(1, torch.float32, 1)[0]
-    with acc.micro_step():
-        acc.backward(F.mse_loss(model(x), y))
-    held = [v.clone() for v in acc._buffers.window_views()]
-    model[2].weight = nn.Parameter(torch.randn(OUT, HIDDEN))
-    with pytest.raises(RuntimeError, match=r"2\.weight or \.bias was replaced while the accumulator owns the model"):
-        with acc.micro_step():
-            acc.backward(F.mse_loss(model(x), y))
-    assert acc.micro_steps_in_window == 1
-    for v, h in zip(acc._buffers.window_views(), held, strict=True):
-        assert torch.equal(v, h)  # nothing written on the error path
-    acc.close()
+    acc.close()  # a parameter replaced while owned runs unfused, as nn.Linear: test_linear_fusion_calls.py
 
 
 def test_wgrad_op_fake_kernel_and_cpu_probe():
