@@ -118,6 +118,10 @@ def verdict(cell: Cell) -> Verdict:
         return Verdict("refused", "the closing backward raised part-way: DDP's reducer is mid-reduction and the "
                        "window's sums (param.grad) hold part of it, so the retry is refused",
                        r"with ddp_reduce='overlap' the window's closing backward raised part-way")  # fmt: skip
+    if c.parallel in ("local", "ddp_buffer") and c.event == "oom_backward" and c.path != "adaptive":
+        return Verdict("refused", "the failed backward had added into the earlier micro-step's sums, which cannot "
+                       "be undone without a copy: the retry is refused until discard_window() (adaptive: "
+                       "step_batch runs the window again, exact)", r"the open window was lost")  # fmt: skip
     if c.parallel in FSDP_MODES and c.event == "oom_backward":
         return Verdict("refused", "a backward that raised leaves FSDP2 mid-backward: the retry is refused",
                        r"FSDP2 was left mid-backward")  # fmt: skip
