@@ -165,10 +165,10 @@ class GradientAccumulator:
         """
         if self._in_micro_step:
             raise RuntimeError("GradientAccumulator.micro_step() cannot be nested")
-        self._refuse_lost_window("micro_step")
         self._in_micro_step, self._backward_done, self._closing = True, False, bool(last)
         try:
-            sync = self._sync.context(self.sync_gradients or self._closing)
+            sync = self._sync.context(self.sync_gradients or self._closing)  # may refuse first (FSDP2, DDP overlap)
+            self._refuse_lost_window("micro_step")
             with told_to_peers(self._sync.reduces), sync, self._autocast():  # reduces: a data-parallel strategy
                 yield self
         except BaseException:
