@@ -161,7 +161,12 @@ class GradientAccumulator:
         and the window is left as it was before it; where that cannot be exact (its
         backward had added into earlier micro-steps' sums) the window is lost and the
         next micro_step(), backward() or flush() raises until discard_window(). Data-parallel:
-        an OOM here fails every rank with a clear error (distributed/failures.py).
+        an OOM that leaves it before this rank ran any collective in it (always under DDP
+        ddp_reduce="buffer", until the closing micro-step's window end) may be
+        caught and the micro-batch retried, or skipped, within
+        GRADACC_PEER_WATCH_RETRY_S (20 s); the other ranks are not held up. Any
+        other OOM gives up the step: every other rank raises PeerOutOfMemoryError
+        naming this one (distributed/failures.py, peer_watch.py, docs/distributed.md).
         """
         if self._in_micro_step:
             raise RuntimeError("GradientAccumulator.micro_step() cannot be nested")

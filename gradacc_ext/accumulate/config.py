@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 import torch
 
+from ..distributed.peer_watch import MODES as PEER_WATCH
+
 MixedPrecision = Literal["no", "fp16", "bf16"]
 LossNormalization = Literal["mean", "sum", "none"]
 
@@ -133,7 +135,11 @@ class GradientAccumulationConfig:
         the last backward) or "overlap" (DDP's bucketed reducer all-reduces
         the window's sum during the closing backward);
       comm_dtype: None (the buffers' dtype) or torch.bfloat16: DDP sends
-        gradients in bf16 while accumulating in the buffers' dtype.
+        gradients in bf16 while accumulating in the buffers' dtype;
+      peer_watch: when a peer ran out of memory, gave up the step and stays alive while this rank is
+        parked in a collective: "end" (default: NCCL aborts the groups, so the call raises; gloo, which
+        cannot, ends the process with exit code 75 after logging why), "log" (only log it and wait for the
+        group's timeout) or "off" (no watch thread; GRADACC_PEER_WATCH=0 also turns it off).
     """
 
     accumulation_steps: int | None = None
@@ -163,6 +169,7 @@ class GradientAccumulationConfig:
     fsdp_reduce: str = "micro_step"
     ddp_reduce: str = "buffer"
     comm_dtype: torch.dtype | None = None
+    peer_watch: str = "end"
 
     def __post_init__(self) -> None:
         _positive_int("world_size", self.world_size)
@@ -223,6 +230,7 @@ class GradientAccumulationConfig:
         _choice("fsdp_reduce", self.fsdp_reduce, FSDP_REDUCE)
         _choice("ddp_reduce", self.ddp_reduce, DDP_REDUCE)
         _choice("comm_dtype", self.comm_dtype, COMM_DTYPES)
+        _choice("peer_watch", self.peer_watch, PEER_WATCH)
 
     def _check_fusion(self) -> None:
         if not isinstance(self.gradient_accumulation_fusion, bool):

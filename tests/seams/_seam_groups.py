@@ -21,8 +21,12 @@ import torch.distributed as dist
 from _seam_cells import TOL, low_precision, reference, trained
 from _seam_table import Cell, verdict
 
+from gradacc_ext.distributed import oom_records
+
 WORLD = {"local": 1, "ddp_buffer": 2, "ddp_overlap": 2, "fsdp_window": 2, "fsdp_micro": 2, "hsdp": 4}
-FAST_WATCH = {"POLL_S": 0.05, "STALL_S": 0.3, "ABORT_GRACE_S": 0.2}  # below the slow peer's SLOW_S
+# The peer watch's timers (read when its thread starts): a stall limit below the slow peer's SLOW_S, so a watch
+# that took a healthy slow peer for one that gave up would end a rank within the run.
+FAST_WATCH = {"GRADACC_PEER_WATCH_POLL_S": "0.05", "GRADACC_PEER_WATCH_STALL_S": "0.3"}
 
 
 def _snapshot(parts) -> list[torch.Tensor]:
@@ -83,31 +87,18 @@ def _run_cell(cell: Cell, rank: int, world: int, phase: str, ckpt: str) -> tuple
     return not diff, diff or "equal"
 
 
-def _set_watch(fast: bool) -> None:
-    from gradacc_ext.distributed import peer_watch
-
-    for name, fast_value in FAST_WATCH.items():
-        default = getattr(peer_watch, f"_default_{name}", None)
-        if default is None:
-            default = getattr(peer_watch, name)
-            setattr(peer_watch, f"_default_{name}", default)
-        setattr(peer_watch, name, fast_value if fast else default)
-
-
 def _worker(rank: int, world: int, port: int, cells: list[Cell], phase: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world), "RANK": str(rank)}
-    os.environ.update(env, LOCAL_RANK=str(rank))
+    os.environ.update(env, LOCAL_RANK=str(rank), **FAST_WATCH)
     if world > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
     with open(os.path.join(out_dir, f"{phase}-rank{rank}.jsonl"), "a") as out:
         for cell in cells:
-            if world > 1:
+            if world > 1:  # each cell starts without an earlier cell's out-of-memory record (its rank's latest)
                 dist.barrier()
-                if rank == 0:  # each cell starts without an earlier cell's out-of-memory record
-                    dist.distributed_c10d._get_default_store().delete_key("gradacc_ext/out_of_memory")
+                oom_records.write(rank, oom_records.RECOVERED)
                 dist.barrier()
-            _set_watch(cell.event == "slow_peer")
             ckpt = os.path.join(out_dir, "ckpt", cell.id)
             os.makedirs(ckpt, exist_ok=True)
             with warnings.catch_warnings(record=True) as caught:

@@ -37,7 +37,7 @@ def group_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         if parallel not in cache:
             out = str(tmp_path_factory.mktemp(parallel))
             cells = [c for c in CELLS if c.parallel == parallel]
-            cells.sort(key=lambda c: c.event == "slow_peer")  # the peer watch's shortened timers last
+            cells.sort(key=lambda c: c.event == "slow_peer")  # last: a watch that ended a rank would stop the group
             cache[parallel] = run_group(parallel, cells, "run", out, GROUP_TIMEOUT_S)
             resumed = [c for c in cells if c.event == "checkpoint" and cache[parallel][c.id]["message"] == "saved"]
             if resumed:
