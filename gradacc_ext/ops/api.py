@@ -95,15 +95,21 @@ def _nothing() -> None:
     return None
 
 
-def _as_list(op: str, tensors: Iterable[torch.Tensor] | torch.Tensor, arg: str) -> list[torch.Tensor]:
+def _as_list(tensors: Iterable[torch.Tensor] | torch.Tensor, arg: str) -> list[torch.Tensor]:
+    """The list a public op hands on. A None item is named by the op's validation (_defined, first in each
+    validate()): on the compiled path that runs only after torch refused the list (Tensor[] takes no None), so
+    the common call pays no Python pass over the items for it."""
     if isinstance(tensors, torch.Tensor):
         return [tensors]
     try:
-        out = list(tensors)
+        return list(tensors)
     except TypeError:
         raise TypeError(f"{arg} must be a tensor or a sequence of tensors, got {type(tensors).__name__}") from None
-    _checks.check_defined(op, arg, out)
-    return out
+
+
+def _defined(op: str, **lists: list[torch.Tensor]) -> None:
+    for arg, tensors in lists.items():
+        _checks.check_defined(op, arg, tensors)
 
 
 def _split_scale(scale: float | torch.Tensor) -> tuple[float, torch.Tensor | None]:
@@ -126,14 +132,16 @@ def accumulate_(
     `scale` is a float or a one-element float32 tensor on the lists' device.
     """
     op = "gradacc.accumulate_"
-    bufs, grads = _as_list(op, bufs, "bufs"), _as_list(op, grads, "grads")
+    bufs, grads = _as_list(bufs, "bufs"), _as_list(grads, "grads")
     _aliasing.check_leaves(op, bufs=bufs)
     alpha, alpha_tensor = _split_scale(scale)
     device = _checks.list_device(bufs or grads, alpha_tensor)
 
     def validate() -> None:
-        _aliasing.check_disjoint(op, bufs=bufs)
+        _defined(op, bufs=bufs, grads=grads)
+        _aliasing.check_disjoint(op, {"bufs": bufs}, {"grads": grads}, in_place_pairs=True)
         _checks.check_accumulate(op, bufs, grads, alpha, alpha_tensor)
+        _aliasing.check_scalars_disjoint(op, {"bufs": bufs}, {"grads": grads, "alpha_tensor": alpha_tensor})
 
     empty = _nothing if not bufs and not grads else None
     _run("accumulate_", device, backend, validate, (bufs, grads, alpha, alpha_tensor, assign), empty)
@@ -160,7 +168,7 @@ def accumulate_final_(
     another order is a second pass over the results (global_norm).
     """
     op = "gradacc.accumulate_final_"
-    bufs, grads = _as_list(op, bufs, "bufs"), _as_list(op, grads, "grads")
+    bufs, grads = _as_list(bufs, "bufs"), _as_list(grads, "grads")
     _aliasing.check_leaves(op, bufs=bufs)
     alpha, alpha_tensor = _split_scale(scale)
     device = _checks.list_device(bufs or grads, norm_out)
@@ -169,8 +177,12 @@ def accumulate_final_(
     in_pass = p if p in (2.0, math.inf) else 2.0  # the order the one-pass kernel measures
 
     def validate() -> None:
-        _aliasing.check_disjoint(op, bufs=bufs)
+        _defined(op, bufs=bufs, grads=grads)
+        _aliasing.check_disjoint(op, {"bufs": bufs}, {"grads": grads}, in_place_pairs=True)
         _checks.check_accumulate_final(op, bufs, grads, alpha, alpha_tensor, inv_scale, found_inf, norm_out, in_pass)
+        outputs = {"bufs": bufs, "found_inf": found_inf, "norm_out": norm_out}
+        inputs = {"grads": grads, "alpha_tensor": alpha_tensor, "inv_scale": inv_scale}
+        _aliasing.check_scalars_disjoint(op, outputs, inputs)
 
     empty = norm_out.zero_ if not bufs and not grads else None  # the norm of nothing is 0
     args = (bufs, grads, alpha, alpha_tensor, assign, inv_scale, found_inf, norm_out, in_pass)
@@ -197,10 +209,11 @@ def global_norm(
     returns (total, per_tensor_norms).
     """
     op = "gradacc.global_norm"
-    tensors = _as_list(op, tensors, "tensors")
+    tensors = _as_list(tensors, "tensors")
     device = _checks.list_device(tensors)
 
     def validate() -> None:
+        _defined(op, tensors=tensors)
         _checks.check_global_norm(op, tensors, float(norm_type))
 
     def empty_norms() -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,13 +233,15 @@ def unscale_(
 ) -> None:
     """tensors *= inv_scale; found_inf = 1 if any input is non-finite (fp32, fp16, bf16)."""
     op = "gradacc.unscale_"
-    tensors = _as_list(op, tensors, "tensors")
+    tensors = _as_list(tensors, "tensors")
     _aliasing.check_leaves(op, tensors=tensors)
     device = _checks.list_device(tensors, found_inf)
 
     def validate() -> None:
-        _aliasing.check_disjoint(op, tensors=tensors)
+        _defined(op, tensors=tensors)
+        _aliasing.check_disjoint(op, {"tensors": tensors})
         _checks.check_unscale(op, tensors, inv_scale, found_inf)
+        _aliasing.check_scalars_disjoint(op, {"tensors": tensors, "found_inf": found_inf}, {"inv_scale": inv_scale})
 
     _run("unscale_", device, backend, validate, (tensors, inv_scale, found_inf), None if tensors else _nothing)
 
@@ -246,7 +261,7 @@ def clip_by_norm_(
     tensors unchanged, max_norm=0 zeroes them (torch's semantics).
     """
     op = "gradacc.clip_by_norm_"
-    tensors = _as_list(op, tensors, "tensors")
+    tensors = _as_list(tensors, "tensors")
     _aliasing.check_leaves(op, tensors=tensors)
     if isinstance(total_norm, (int, float)):
         # float64 keeps the number exact until the kernel rounds it, like a float64 tensor.
@@ -254,8 +269,10 @@ def clip_by_norm_(
     device = _checks.list_device(tensors, total_norm)
 
     def validate() -> None:
-        _aliasing.check_disjoint(op, tensors=tensors)
+        _defined(op, tensors=tensors)
+        _aliasing.check_disjoint(op, {"tensors": tensors})
         _checks.check_clip_by_norm(op, tensors, total_norm, float(max_norm), float(eps))
+        _aliasing.check_scalars_disjoint(op, {"tensors": tensors}, {"total_norm": total_norm})
 
     args = (tensors, total_norm, float(max_norm), float(eps))
     _run("clip_by_norm_", device, backend, validate, args, None if tensors else _nothing)
@@ -271,7 +288,8 @@ def clip_grad_norm_(
 ) -> torch.Tensor:
     """Global norm, then clip by it; returns the (pre-clip) norm. No host sync."""
     op = "gradacc.clip_grad_norm_"
-    tensors = _as_list(op, tensors, "tensors")
+    tensors = _as_list(tensors, "tensors")
+    _defined(op, tensors=tensors)  # a composite: named here, before the norm's own checks would name their op
     _aliasing.check_outputs(op, tensors=tensors)  # before the norm pass (clip_by_norm_ checks again)
     _checks.check_max_norm(op, float(max_norm))
     # The clip's own range checks before the norm runs: a bad eps must not cost a norm pass first.
@@ -291,12 +309,13 @@ def clip_by_value_(
     """tensors = clamp(tensors, -clip_value, clip_value), torch.clamp's semantics: 0 zeroes, inf keeps, a
     negative clip_value sets every element to it; NaN stays NaN."""
     op = "gradacc.clip_by_value_"
-    tensors = _as_list(op, tensors, "tensors")
+    tensors = _as_list(tensors, "tensors")
     _aliasing.check_leaves(op, tensors=tensors)
     device = _checks.list_device(tensors)
 
     def validate() -> None:
-        _aliasing.check_disjoint(op, tensors=tensors)
+        _defined(op, tensors=tensors)
+        _aliasing.check_disjoint(op, {"tensors": tensors})
         _checks.check_clip_by_value(op, tensors, float(clip_value))
 
     _run("clip_by_value_", device, backend, validate, (tensors, float(clip_value)), None if tensors else _nothing)
