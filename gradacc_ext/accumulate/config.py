@@ -4,31 +4,23 @@ The window is given either directly (`accumulation_steps`) or derived from a
 target effective batch: accumulation_steps = target_batch_size /
 (micro_batch_size * world_size), which must divide exactly (use
 gradacc_ext.planning.plan_accumulation to round a target that does not).
+The accumulation guides' spellings are read by from_guide() (guide_spellings.py: GuideConfig).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import torch
 
 from ..distributed.peer_watch import MODES as PEER_WATCH
+from .guide_spellings import GuideConfig, GuideFields
+from .precision import MIXED_PRECISION, MIXED_PRECISION_SPELLINGS, MixedPrecision
 
-MixedPrecision = Literal["no", "fp16", "bf16"]
 LossNormalization = Literal["mean", "sum", "none"]
 
-MIXED_PRECISION = ("no", "fp16", "bf16")
-# Other spellings users bring (torch dtypes, Lightning/nanoGPT names), read as the canonical ones.
-MIXED_PRECISION_SPELLINGS = {
-    torch.float32: "no",
-    "float32": "no",
-    torch.bfloat16: "bf16",
-    "bfloat16": "bf16",
-    torch.float16: "fp16",
-    "float16": "fp16",
-}
 LOSS_NORMALIZATION = ("mean", "sum", "none")
 BACKENDS = ("auto", "ext", "torch")
 ACCUM_DTYPES = (torch.float32, None)
@@ -58,8 +50,11 @@ def _choice(name: str, value: object, choices: tuple) -> None:
 
 
 @dataclass
-class GradientAccumulationConfig:
+class GradientAccumulationConfig(GuideConfig):
     """What the accumulator does; invalid values raise ValueError naming the field.
+
+    GradientAccumulationConfig(**fields) takes the fields below; GradientAccumulationConfig.from_guide(**kw)
+    also takes the accumulation guides' spellings (its base class GuideConfig, guide_spellings.py).
 
     Window
       accumulation_steps: micro-batches per optimizer step (>= 1). Or leave it
@@ -170,6 +165,7 @@ class GradientAccumulationConfig:
     ddp_reduce: str = "buffer"
     comm_dtype: torch.dtype | None = None
     peer_watch: str = "end"
+    guide: GuideFields | None = field(default=None, init=False, repr=False, compare=False)  # set by from_guide()
 
     def __post_init__(self) -> None:
         _positive_int("world_size", self.world_size)
@@ -211,11 +207,8 @@ class GradientAccumulationConfig:
             raise ValueError(
                 f"GradientAccumulationConfig.fused_step must be 'auto', True or False, got {self.fused_step!r}"
             )
-        if isinstance(self.grad_norm_history, bool) or not isinstance(self.grad_norm_history, int):
-            raise ValueError(
-                f"GradientAccumulationConfig.grad_norm_history must be an integer >= 0, got {self.grad_norm_history!r}"
-            )
-        if self.grad_norm_history < 0:
+        history = self.grad_norm_history
+        if isinstance(history, bool) or not isinstance(history, int) or history < 0:
             raise ValueError(
                 f"GradientAccumulationConfig.grad_norm_history must be an integer >= 0, got {self.grad_norm_history!r}"
             )
@@ -284,9 +277,11 @@ class GradientAccumulationConfig:
         return self.micro_batch_size * self.world_size * self.accumulation_steps
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain dict for logs and the stats API (the dtype as its name)."""
-        out = asdict(self)
+        """A plain dict for logs and the stats API (the dtype as its name); from_guide()'s config also echoes
+        every field the guide passed, under the guide's name (GuideFields.echo)."""
+        core = [f.name for f in fields(self) if f.init]
+        out = {name: getattr(self, name) for name in core}
         for key in ("accum_dtype", "comm_dtype"):
             out[key] = None if out[key] is None else str(out[key]).replace("torch.", "")
         out["effective_batch_size"] = self.effective_batch_size
-        return out
+        return out if self.guide is None else self.guide.echo(out, core)
