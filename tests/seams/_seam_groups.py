@@ -1,5 +1,10 @@
-"""Runs seam cells in groups of forked processes: all cells of one parallelism mode share one group of ranks
-(gloo on 127.0.0.1; one process and no process group for "local"), so a spawn is paid per mode, not per cell.
+"""Runs seam cells in groups of processes: all cells of one parallelism mode share one group of ranks
+(gloo on 127.0.0.1; one process and no process group for "local"), so a start is paid per mode, not per cell.
+
+The ranks fork from a forkserver (a fresh interpreter with torch imported), not from the test process: after
+the test process has run OpenMP regions on several threads (any earlier multi-threaded test in the suite), a
+child forked from it hangs in its first OpenMP region (libgomp's pool does not survive fork; seen as both ranks
+stuck in a bf16 GEMM).
 
 Each rank appends one JSON line per cell to its own file as soon as the cell ends, so a group that hangs or
 dies still reports every cell before the one it stopped at. A cell passes when every rank reports "ok".
@@ -116,7 +121,8 @@ def run_group(parallel: str, cells: list[Cell], phase: str, out_dir: str, timeou
     from _dist import free_port
 
     world = WORLD[parallel]
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "_seam_groups"])
     port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, world, port, cells, phase, out_dir)) for r in range(world)]
     for p in procs:
