@@ -18,6 +18,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python}"
 MAX_CUDA_WHEEL_MIB=40
+PLAT=manylinux_2_28_x86_64
 variant=all
 out="$ROOT/dist"
 while [[ $# -gt 0 ]]; do
@@ -58,12 +59,19 @@ for v in "${variants[@]}"; do
     --outdir "$work/raw" . >"$work/build.log" 2>&1) || { tail -n 60 "$work/build.log"; exit 1; }
   raw="$(ls "$work"/raw/*.whl)"
   # libc10 / libtorch_cpu are torch's (DT_NEEDED for the C shim's symbols): the user's torch provides them.
-  "$PYTHON" -m auditwheel repair --exclude libc10.so --exclude libtorch_cpu.so --strip -w "$work/fixed" "$raw" \
-    >"$work/repair.log" 2>&1 || { cat "$work/repair.log"; exit 1; }
+  # --plat: torch's own tag; auditwheel refuses if _C needs anything newer (setup.py's glibc pins).
+  "$PYTHON" -m auditwheel repair --plat "$PLAT" --exclude libc10.so --exclude libtorch_cpu.so --strip \
+    -w "$work/fixed" "$raw" >"$work/repair.log" 2>&1 || { cat "$work/repair.log"; exit 1; }
   wheel="$out/$(basename "$(ls "$work"/fixed/*.whl)")"
   mv "$work"/fixed/*.whl "$wheel" && rm -rf "$work/fixed"
   "$PYTHON" -m zipfile -e "$wheel" "$work/unpacked"
   so="$(ls "$work"/unpacked/gradacc_ext/_C*.so)"
+  # The proof of the tag: auditwheel's own verdict on the repaired wheel, and every versioned symbol of _C.
+  shown="$("$PYTHON" -m auditwheel show "$wheel" 2>&1)"
+  glibc_minor="$(grep -o 'manylinux_2_[0-9]*_x86_64' <<<"$shown" | head -n1 | cut -d_ -f3)"
+  [[ -n $glibc_minor && $glibc_minor -le 28 && $(basename "$wheel") == *"$PLAT"* ]] ||
+    { echo "error: auditwheel show does not place $(basename "$wheel") at $PLAT or lower:" >&2; echo "$shown" >&2; exit 1; }
+  "$PYTHON" "$ROOT/scripts/check_glibc_versions.py" --tag "${PLAT%_x86_64}" "$so" | sed 's/^/  /'
   unstable=$(nm -D --undefined-only "$so" | c++filt | grep -c 'at::\|c10::\|torch::' || true)
   [[ $unstable == 0 ]] || { echo "error: $so uses $unstable non-stable torch symbols" >&2; exit 1; }
   mib() { awk -v b="$(stat -c %s "$1")" 'BEGIN { printf "%.1f", b / 1048576 }'; }
@@ -73,9 +81,7 @@ for v in "${variants[@]}"; do
   fi
   echo "$(basename "$wheel"): $(mib "$wheel") MiB (_C $(mib "$so") MiB, stripped), built in $((SECONDS - start)) s"
   echo "  NEEDED: $(readelf -d "$so" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p' | tr '\n' ' ')"
-  # The tag auditwheel chose follows from the newest glibc / libstdc++ symbol versions the .so uses.
-  echo "  tag: $(basename "$wheel" .whl | sed 's/.*-//'); needs $(objdump -T "$so" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n1)," \
-    "$(objdump -T "$so" | grep -o 'GLIBCXX_[0-9.]*' | sort -uV | tail -n1)"
+  echo "  tag: $(basename "$wheel" .whl | sed 's/.*-//'); auditwheel show: ${shown//$'\n'/ }" | cut -c1-400
   grep -o "'\(cuda_version\|arch_list\|torch_version\)': [^,}]*" "$work/unpacked/gradacc_ext/_build_config.py" |
     tr '\n' ' ' | sed 's/^/  built with: /'
   echo
