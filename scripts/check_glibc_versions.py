@@ -1,17 +1,21 @@
 """Fails if a shared object needs a glibc / libstdc++ / libgcc symbol version newer than a manylinux tag allows.
 
-    python scripts/check_glibc_versions.py [--tag manylinux_2_28] FILE.so [FILE.so ...]
+    python scripts/check_glibc_versions.py [--tag manylinux_2_28] [--wheel WHEEL] FILE.so [FILE.so ...]
 
 Reads `objdump -T` (the dynamic symbols and the versions they are bound to) and compares each versioned
 reference with the newest version the tag allows: PEP 600's manylinux_2_28 is glibc 2.28 with gcc 8's
 libstdc++ and libgcc, as auditwheel's policy lists them. Exit 1 names every symbol past its limit; exit 0
 prints the newest version used per family. scripts/build_wheels.sh runs it on each wheel's _C, so a new
 glibc function that the pins (csrc/compat/) do not cover fails the build instead of narrowing the wheel.
+--wheel also asks `auditwheel show --json` (run by this Python): the tag its symbol versions allow must be the
+tag or lower, and the only libraries outside the manylinux set torch's own (libc10.so, libtorch_cpu.so: the
+user's torch provides them, so auditwheel's overall verdict is linux_x86_64 for any wheel that names them).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -20,6 +24,7 @@ import sys
 LIMITS = {
     "manylinux_2_28": {"GLIBC": "2.28", "GLIBCXX": "3.4.24", "CXXABI": "1.3.11", "GCC": "7.0.0"},
 }
+TORCH_LIBS = {"libc10.so", "libtorch_cpu.so"}
 VERSIONED = re.compile(r"\(?\b(GLIBC|GLIBCXX|CXXABI|GCC)_([0-9][0-9.]*)\)?\s+(\S+)$")
 
 
@@ -34,9 +39,29 @@ def versioned_symbols(path: str) -> list[tuple[str, str, str]]:
     return [(m.group(1), m.group(2), m.group(3)) for m in found if m]
 
 
+def auditwheel_verdict(wheel: str, tag: str) -> list[str]:
+    """The errors in auditwheel's view of wheel (none: it fits tag); prints its symbol-version tag."""
+    shown = subprocess.run(
+        [sys.executable, "-m", "auditwheel", "show", "--json", wheel], capture_output=True, text=True
+    )
+    if shown.returncode != 0:
+        return [f"auditwheel show {wheel} failed: {shown.stderr.strip()}"]
+    report = json.loads(shown.stdout)
+    sym_tag, external = report["sym_tag"], set(report["external_libs"])
+    print(f"{wheel}: auditwheel show: symbol versions allow {sym_tag}; external libraries {sorted(external)}")
+    errors = []
+    found = re.fullmatch(r"manylinux_2_(\d+)_x86_64", sym_tag)
+    if found is None or int(found.group(1)) > int(tag.split("_")[2]):
+        errors.append(f"auditwheel places the symbol versions at {sym_tag}, above {tag}")
+    if external - TORCH_LIBS:
+        errors.append(f"libraries outside the manylinux set besides torch's: {sorted(external - TORCH_LIBS)}")
+    return errors
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tag", default="manylinux_2_28", choices=sorted(LIMITS), help="the manylinux tag")
+    parser.add_argument("--wheel", help="also check auditwheel's verdict on this wheel")
     parser.add_argument("files", nargs="+", help="shared objects to check (e.g. an unpacked wheel's _C*.so)")
     args = parser.parse_args()
     limits = LIMITS[args.tag]
@@ -56,6 +81,9 @@ def main() -> int:
         verdict = "FAILS" if over else "fits"
         print(f"{path}: {verdict} {args.tag}; newest used: " + ", ".join(f"{f}_{v}" for f, v in newest.items()))
         failed |= bool(over)
+    for error in auditwheel_verdict(args.wheel, args.tag) if args.wheel else []:
+        print(f"error: {args.wheel}: {error}")
+        failed = True
     return 1 if failed else 0
 
 
