@@ -23,11 +23,8 @@ MIN_GLIBC = (2, 28)
 MIN_TORCH = (2, 11)
 CU130_DRIVER = (13, 0)
 CU12_DRIVER = (12, 0)
-VARIANT_FILES = {
-    "cpu": "gradacc_ext-VERSION-cp310-abi3-manylinux_2_28_x86_64.whl (find-links folder cpu/)",
-    "cu130": "gradacc_ext-VERSION+cu130-cp310-abi3-manylinux_2_28_x86_64.whl (find-links folder cu130/)",
-    "cu124": "gradacc_ext-VERSION+cu124-cp310-abi3-manylinux_2_28_x86_64.whl (find-links folder cu124/)",
-}
+# How to install each variant from scripts/build_wheels.sh's output (one --find-links folder per variant).
+INSTALL = {variant: f"pip install --find-links dist/{variant} gradacc_ext" for variant in ("cpu", "cu130", "cu124")}
 
 
 @dataclass
@@ -124,5 +121,5 @@ def describe(m: Machine) -> list[str]:
         f"machine {m.machine}, glibc {fmt(m.glibc)}, torch {fmt(m.torch)} (CUDA {m.torch_cuda or 'none'}), "
         f"driver for CUDA {fmt(m.driver_cuda)}, GPU compute {fmt(m.gpu_capability)}",
         f"wheel: {variant or 'none'}: {reason}",
-        *([f"       {VARIANT_FILES[variant]}"] if variant else []),
+        *([f"       {INSTALL[variant]}"] if variant else []),
     ]
