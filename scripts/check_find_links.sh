@@ -17,7 +17,7 @@ installed_version() {  # installed_version FIND_LINKS...: the version a fresh ve
   for dir in "$@"; do links+=(--find-links "$dir"); done
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-index --no-deps "${links[@]}" gradacc_ext >&2
-  "$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("gradacc_ext"))'
+  "$venv/bin/python" -I -c 'import importlib.metadata as m; print(m.version("gradacc_ext"))'  # -I: not the cwd's metadata
   rm -rf "$venv"
 }
 
