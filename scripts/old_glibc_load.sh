@@ -63,14 +63,15 @@ import os
 import sys
 
 ctypes.CDLL("/opt/gradacc/libtorch_cpu.so", mode=os.RTLD_NOW | ctypes.RTLD_GLOBAL)
-failed = 0
-for so in sys.argv[1:]:
-    try:
-        ctypes.CDLL(so, mode=os.RTLD_NOW)
-        print("loaded (RTLD_NOW, static initialisers ran):", so)
-    except OSError as error:
-        print("FAILED:", error)
-        failed += 1
-sys.exit(failed)
+try:
+    ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW)
+except OSError as error:
+    sys.exit(f"FAILED: {error}")
+print("loaded (RTLD_NOW, static initialisers ran):", sys.argv[1])
 EOF
-chroot "$root" env LD_LIBRARY_PATH=/opt/gradacc python3 /opt/gradacc/load.py "${inside[@]}"
+# One process per _C: each registers the same ops with torch's dispatcher, which refuses a second set.
+failed=0
+for so in "${inside[@]}"; do
+  chroot "$root" env LD_LIBRARY_PATH=/opt/gradacc python3 /opt/gradacc/load.py "$so" || failed=1
+done
+exit "$failed"
