@@ -50,6 +50,11 @@ CPU_ISA_SOURCES = ["csrc/cpu/kernels_cpu.cpp", "csrc/cpu/optim_cpu.cpp"]
 # CPython's limited API (abi3: torch's py_limited_api=True defines Py_LIMITED_API for 3.10 and later).
 STABLE_TARGET = "2.11"
 STABLE_TARGET_HEX = f"0x{(2 << 56) | (11 << 48):016x}"
+# manylinux_2_28 (glibc 2.28, torch's own tag) though this machine's glibc is newer: each file pins the glibc
+# functions that a part of _C would otherwise take at a newer version (csrc/compat/glibc_pin.h), on x86-64
+# glibc only. The CUDA one also needs the pre-2.34 homes of those functions as NEEDED libraries.
+GLIBC_PIN_SOURCES = {"cpu": "csrc/compat/glibc_2_28.cpp", "cuda": "csrc/compat/glibc_2_28_cudart.cpp"}
+PRE_2_34_LIBRARIES = ["libdl.so.2", "libpthread.so.0", "librt.so.1"]
 X86_ISA_FLAGS = {
     "isa_avx2": ["-mavx2", "-mf16c"],
     "isa_avx512": ["-mavx2", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"],
@@ -111,6 +116,19 @@ def _isa_variants() -> dict[str, list[str]]:
     if off or platform.machine().lower() not in ("x86_64", "amd64") or os.name == "nt":
         return {}
     return X86_ISA_FLAGS
+
+
+def _pins_glibc() -> bool:
+    """Whether this build pins glibc symbol versions (GLIBC_PIN_SOURCES): x86-64 Linux with glibc."""
+    x86_64 = platform.machine().lower() in ("x86_64", "amd64")
+    return platform.system() == "Linux" and x86_64 and platform.libc_ver()[0] == "glibc"
+
+
+def _glibc_pin_wraps(sources: list[str]) -> list[str]:
+    """-Wl,--wrap=NAME for every GRADACC_PIN_GLIBC(NAME, ...) in the given pin sources."""
+    pin = re.compile(r"^GRADACC_PIN_GLIBC\((\w+),", re.MULTILINE)
+    names = [name for src in sources for name in pin.findall((ROOT / src).read_text())]
+    return [f"-Wl,--wrap={name}" for name in names]
 
 
 def _with_isa_variants(build_ext_class: type, variants: dict[str, list[str]]) -> type:
@@ -186,6 +204,9 @@ def _extensions():
     if variants:
         cxx.append("-DGRADACC_CPU_X86_VARIANTS")
     cuda = {}
+    pins = [GLIBC_PIN_SOURCES["cpu"], *([GLIBC_PIN_SOURCES["cuda"]] if use_cuda else [])] if _pins_glibc() else []
+    sources += pins
+    link = _glibc_pin_wraps(pins)
     if use_cuda:
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
         # BuildExtension compiles .cu files with the nvcc under cpp_extension.CUDA_HOME, which a CPU torch leaves None.
@@ -201,14 +222,19 @@ def _extensions():
         cuda = {
             "include_dirs": [os.path.join(cuda_home, "include")],
             "library_dirs": [os.path.join(cuda_home, "lib64")],
-            # The CUDA runtime linked in (no libcudart.so to find at run time); dl for the stream lookup.
-            "libraries": ["cudart_static", "dl", "rt", "pthread"],
+            # The CUDA runtime linked in (no libcudart.so to find at run time).
+            # dl for the stream lookup and the runtime, rt and pthread for the runtime.
+            "libraries": ["cudart_static"] + ([] if pins else ["dl", "rt", "pthread"]),
         }
+        if pins:  # glibc >= 2.34 has them in libc (and stubs); the pinned versions live in these files before.
+            needed = [f"-l:{lib}" for lib in PRE_2_34_LIBRARIES]
+            link += ["-Wl,--push-state,--no-as-needed", *needed, "-Wl,--pop-state"]
     nvcc = ["-O3", "-std=c++17", "-DGRADACC_WITH_CUDA", *define]
     ext = CppExtension(
         "gradacc_ext._C",
         sources,
         extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+        extra_link_args=link,
         py_limited_api=True,
         **cuda,
     )

@@ -5,6 +5,8 @@
 #   bash scripts/gpu_verify.sh --dry-run --out DIR          # anywhere: the rehearsal (CI runs it)
 #   ... --wheel PATH                                        # verify a wheel (scripts/build_wheels.sh's) instead
 #                                                           # of building from source (docs/gpu.md)
+#   ... --wheel CU130.whl --wheel CU124.whl                 # both CUDA wheels in one call: one run each, the
+#                                                           # budget split evenly, in DIR/cu130 and DIR/cu124
 #
 # Steps, most valuable first, one after the other, each with a time limit, stopped by SIGINT (pytest
 # then still writes its junit and failure list) and skipped once the budget is spent:
@@ -45,19 +47,31 @@ REHEARSAL_TESTS=(tests/ops/test_ops_scale.py)    # --dry-run's stand-in for cuda
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 2
 DRY=0
-WHEEL=""
+WHEELS=()
 OUT_DIR="${OUT:-}"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) DRY=1 ;;
     --out) OUT_DIR="${2:?--out needs a folder}"; shift ;;
-    --wheel) WHEEL="$(realpath "${2:?--wheel needs a .whl path}")"; shift
-      [[ -f "$WHEEL" && "$WHEEL" == *.whl ]] || { echo "gpu_verify.sh: --wheel $WHEEL is not a .whl file" >&2; exit 2; } ;;
-    -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
+    --wheel) WHEELS+=("$(realpath "${2:?--wheel needs a .whl path}")"); shift
+      [[ -f "${WHEELS[-1]}" && "${WHEELS[-1]}" == *.whl ]] ||
+        { echo "gpu_verify.sh: --wheel ${WHEELS[-1]} is not a .whl file" >&2; exit 2; } ;;
+    -h | --help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "gpu_verify.sh: unknown argument '$1' (expected --out DIR, --dry-run, --wheel PATH)" >&2; exit 2 ;;
   esac
   shift
 done
+if [[ ${#WHEELS[@]} -gt 1 ]]; then  # one run per wheel, each into OUT/<its local version>, sharing the budget
+  OUT_DIR="${OUT_DIR:-gpu_verify_out/$(date -u +%Y%m%d-%H%M%S)}"
+  status=0
+  for wheel in "${WHEELS[@]}"; do
+    label="$(sed -n 's/^gradacc_ext-[^-+]*+\(cu[0-9]*\)-.*/\1/p' <<<"${wheel##*/}")"
+    GPU_VERIFY_BUDGET_S=$((${GPU_VERIFY_BUDGET_S:-480} / ${#WHEELS[@]})) bash "$0" $([[ $DRY -eq 1 ]] && echo --dry-run) \
+      --wheel "$wheel" --out "$OUT_DIR/${label:-cpu}" || status=1
+  done
+  exit "$status"
+fi
+WHEEL="${WHEELS[0]:-}"
 [[ -n "${GPU_VERIFY_REHEARSAL_TESTS:-}" ]] && read -ra REHEARSAL_TESTS <<<"$GPU_VERIFY_REHEARSAL_TESTS"
 OUT_DIR="${OUT_DIR:-gpu_verify_out/$(date -u +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT_DIR" && OUT_DIR="$(cd "$OUT_DIR" && pwd)"

@@ -11,6 +11,7 @@ from .. import __version__, build_info
 from ..ops import coverage as gpu_coverage
 from ..ops import resolve_backend, runs_with
 from ..ops.optim_args import RECORDS
+from . import wheel_choice
 
 OPS = (
     "accumulate_",
@@ -65,7 +66,16 @@ def collect() -> dict[str, Any]:
         },
         "gpus": gpus or None,
         "backends": backends,
+        "wheel": _wheel(build["built_cuda_version"]),
     }
+
+
+def _wheel(built_cuda: str | None) -> dict[str, Any]:
+    """Which release wheel fits this machine (scripts/which_wheel.py's answer), beside the one installed."""
+    machine = wheel_choice.probe()
+    variant, reason = wheel_choice.choose(machine)
+    installed = "cu" + built_cuda.replace(".", "") if built_cuda else "cpu"
+    return {"installed": installed, "fits": variant, "reason": reason, "facts": wheel_choice.describe(machine)[0]}
 
 
 def render(info: dict[str, Any]) -> str:
@@ -92,6 +102,10 @@ def render(info: dict[str, Any]) -> str:
             f"GPU:        {gpu['device']} {gpu['name']}, compute {gpu['capability']}: {verdict}, "
             f"{gpu['path']} ({gpu['reason']})"
         )
+    wheel = info["wheel"]
+    verdict = "the one installed" if wheel["fits"] == wheel["installed"] else f"installed: {wheel['installed']}"
+    lines.append(f"wheel:      {wheel['fits'] or 'none, build from source'} fits ({verdict}): {wheel['reason']}")
+    lines.append(f"            {wheel['facts']}")
     lines.append("backends (backend='auto'):")
     width = max(len(op) for op in OPS)
     for device, per_op in info["backends"].items():
