@@ -211,19 +211,14 @@ AccumulateParams accumulate_params(const char* op, const TensorList& bufs, const
 
 AccumulateParams accumulate_final_params(const char* op, const TensorList& bufs, const TensorList& grads, double alpha,
                                          const std::optional<Tensor>& alpha_tensor, bool assign,
-                                         const std::optional<Tensor>& inv_scale, const Tensor& found_inf,
-                                         const Tensor& norm_out, double norm_type) {
+                                         const Tensor& found_inf, const Tensor& norm_acc, double norm_type) {
   AccumulateParams p = accumulate_params(op, bufs, grads, alpha, alpha_tensor, assign);
-  const Device device = list_device(bufs, &norm_out);
+  const Device device = list_device(bufs, &norm_acc);
   check_scalar(op, "found_inf", found_inf, device);
-  check_scalar(op, "norm_out", norm_out, device);
-  if (inv_scale) {
-    check_scalar(op, "inv_scale", *inv_scale, device);
-    p.inv_scale_ptr = inv_scale->mutable_data_ptr<float>();
-  }
+  check_scalar(op, "norm_acc", norm_acc, device);
   p.final_step = true;
   p.found_inf = found_inf.mutable_data_ptr<float>();
-  p.norm_out = norm_out.mutable_data_ptr<float>();
+  p.norm_acc = norm_acc.mutable_data_ptr<float>();
   p.norm_kind = to_fast_norm_kind(op, norm_type);
   return p;
 }
