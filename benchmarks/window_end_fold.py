@@ -130,9 +130,9 @@ def main() -> None:
             fn()
         fns[name], per_param[name] = fn, count.bytes / numel
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
-    for _ in range(args.repeats):  # interleaved rounds: load changes on a shared machine hit both alike
-        for name, fn in fns.items():
-            times[name].append(fn())
+    for r in range(args.repeats):  # interleaved rounds, the order alternating: load changes hit both alike
+        for name in list(fns) if r % 2 == 0 else reversed(list(fns)):
+            times[name].append(fns[name]())
     print("| contender | last fold ms | close ms | fold + close ms | counted B/param (+28 step) | model B/param |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, runs in times.items():
