@@ -15,9 +15,11 @@ import torch
 import torch.nn.functional as F
 from _cases import IN, OUT, assert_params_close, make_batches, make_model
 from test_accumulator_fused import make_opt, plain_loop
+from test_adaptive import OOMAbove, run
 
 import gradacc_ext.ops
 from gradacc_ext import GradientAccumulator
+from gradacc_ext.accumulate.adaptive import AdaptiveGradientAccumulator
 from gradacc_ext.accumulate.config import GradientAccumulationConfig
 
 F32, F64 = torch.float32, torch.float64
@@ -174,3 +176,43 @@ def test_a_flushed_short_window_takes_the_pass_and_a_closing_micro_step_does_not
             norm = acc.window_state().grad_norm.item()
         assert count.norm_bytes == (0 if closing else buffer_bytes)
         assert norm == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("norm_type", NORMS)
+def test_adaptive_chunks_of_the_last_micro_batch_gather_the_norm_in_the_completing_chunk(monkeypatch, norm_type):
+    """The window's last micro-batch runs out of memory in backward and is split: only the chunk that completes it
+    is the window's last fold; it writes every view, so the window end reads no buffer, and the norm is the unsplit
+    run's."""
+    g = torch.Generator().manual_seed(7)
+    batches = [(torch.randn(s, IN, generator=g), torch.randn(s, OUT, generator=g)) for s in (3, 8)]
+    big, small = OOMAbove(F32, 7, limit=100), OOMAbove(F32, 7, limit=3, where="backward")
+    norms = []
+    for model, cls in ((big, GradientAccumulator), (small, AdaptiveGradientAccumulator)):
+        count = OpCounter(monkeypatch)
+        acc = cls(model, torch.optim.AdamW(model.parameters(), lr=0.05), config(norm_type, 2))
+        assert run(acc, batches) == [False, True]
+        assert count.norm_bytes == 0
+        norms.append(acc.window_state().grad_norm.item())
+        acc.close()
+    assert small.ooms == 2 and small.net[0].weight.shape == big.net[0].weight.shape
+    assert norms[1] == pytest.approx(norms[0], rel=1e-5)
+    assert_params_close(small, big, F32)
+
+
+@pytest.mark.parametrize("norm_type", NORMS)
+@pytest.mark.parametrize("mode", ["grad_views", "gradient_accumulation_fusion"])
+def test_views_written_outside_the_fold_take_the_pass(monkeypatch, norm_type, mode):
+    """grad_views (autograd adds into the views: no fold runs) and fused Linears (the GEMM writes the views): the
+    last fold writes no view of this all-Linear model, so every view takes the norm pass, and the norm is right."""
+    model = TwoBranch(8)
+    batches, uses = make_batches(3, 4, F32, 8), [True, True, True]
+    want = reference_norm(model, batches, uses, norm_type)
+    count = OpCounter(monkeypatch)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with GradientAccumulator(model, opt, config(norm_type, 3, **{mode: True})) as acc:
+        for (x, y), use in zip(batches, uses, strict=True):
+            acc.backward(F.mse_loss(model(x, use), y))
+        norm = acc.window_state().grad_norm.item()
+    assert count.final_calls == 0
+    assert count.norm_bytes == sum(p.numel() * p.element_size() for p in model.parameters())
+    assert norm == pytest.approx(want, rel=1e-5)
