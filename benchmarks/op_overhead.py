@@ -8,12 +8,10 @@ per list item: one tensor for unscale_, one (buf, grad) pair for accumulate_.
 
 Wall clock (median over rounds) on a quiet machine:
     python benchmarks/op_overhead.py --tensors 2000 --numel 16 --calls 300
-Instruction counts (load-independent; docs/stable-abi.md, "The per-tensor cost, cut"): one side under
-callgrind, then the inclusive count of the op's entry point divided by --calls and by --tensors:
-    valgrind --tool=callgrind --callgrind-out-file=cg.out python benchmarks/op_overhead.py \
-        --impl raw --op unscale_ --calls 10 --rounds 1 --warmup 0
-    callgrind_annotate --inclusive=yes cg.out | grep 'invokeOperatorFromPython(c10::ArrayRef'
-(eager: THPVariable__amp_foreach_non_finite_check_and_unscale_ / THPVariable__foreach_add_).
+Instruction counts (load-independent): benchmarks/op_instructions.py, which runs the same calls under
+callgrind and prints instructions per call and per list item (docs/stable-abi.md, "Host cost per tensor").
+To time another tree (an older commit's build) side by side, run this file with that tree first on the path:
+    PYTHONPATH=/path/to/tree python benchmarks/op_overhead.py
 """
 
 from __future__ import annotations
@@ -70,7 +68,7 @@ def main() -> None:
     parser.add_argument("--impl", choices=["raw", "public", "eager"], action="append", help="default: all three")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     args = parser.parse_args()
-    if not gops.extension_loaded():
+    if not hasattr(torch.ops.gradacc, "accumulate_"):  # asked of torch, so that older trees run this too
         raise SystemExit("gradacc_ext._C is not loaded: nothing to measure")
     torch.set_num_threads(args.threads)
     impls = args.impl or ["raw", "public", "eager"]

@@ -1,5 +1,7 @@
 #include "binding.h"
 
+#include "aliasing.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -146,46 +148,13 @@ Device list_device(const TensorList& list, const Tensor* fallback) {
   return fallback != nullptr ? device_of(*fallback) : Device(torch::headeronly::DeviceType::CPU);
 }
 
-namespace {
-
-int64_t element_bytes(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat64: return 8;
-    case DType::kFloat32: return 4;
-    default: return 2;  // float16, bfloat16
-  }
-}
-
-}  // namespace
-
-void check_disjoint(const char* op, const std::vector<const std::vector<Span>*>& outputs) {
-  size_t count = 0;
-  for (const auto* list : outputs) count += list->size();
-  if (count < 2) return;
-  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;  // [start, end) of each output's bytes
-  ranges.reserve(count);
-  for (const auto* list : outputs) {
-    for (const Span& s : *list) {
-      if (s.data == nullptr || s.numel == 0) continue;  // no bytes: nothing to share
-      const auto start = reinterpret_cast<uintptr_t>(s.data);
-      ranges.emplace_back(start, start + uintptr_t(s.numel * element_bytes(s.dtype)));
-    }
-  }
-  // The accumulator's views come in address order: one linear pass, and no sort.
-  if (!std::is_sorted(ranges.begin(), ranges.end())) std::sort(ranges.begin(), ranges.end());
-  uintptr_t reach = 0;
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    GRADACC_CHECK(i == 0 || ranges[i].first >= reach, op,
-                  ": two outputs share memory (the same tensor, or overlapping views of one storage); this op "
-                  "writes its outputs in parallel, so each output may be given once and may not overlap another");
-    reach = std::max(reach, ranges[i].second);
-  }
-}
-
 // ---- the ops ----
 
-AccumulateParams accumulate_params(const char* op, const TensorList& bufs, const TensorList& grads, double alpha,
-                                   const std::optional<Tensor>& alpha_tensor, bool assign) {
+namespace {
+
+// accumulate_'s checks but the one-tensor arguments' memory check, which each op makes over all its tensors.
+AccumulateParams checked_accumulate(const char* op, const TensorList& bufs, const TensorList& grads, double alpha,
+                                    const std::optional<Tensor>& alpha_tensor, bool assign) {
   GRADACC_CHECK(bufs.size() == grads.size(), op, ": bufs and grads must have the same length, got ",
                 bufs.size(), " and ", grads.size());
   const Device device = list_device(bufs, alpha_tensor ? &*alpha_tensor : nullptr);
@@ -193,7 +162,7 @@ AccumulateParams accumulate_params(const char* op, const TensorList& bufs, const
   std::vector<torch::headeronly::IntHeaderOnlyArrayRef> buf_sizes, grad_sizes;
   p.bufs = check_list(op, "bufs", bufs, device, Use::kPaired, &buf_sizes);
   p.grads = check_list(op, "grads", grads, device, Use::kPaired, &grad_sizes);
-  check_disjoint(op, {&p.bufs});
+  check_disjoint(op, {{"bufs", &p.bufs}}, {{"grads", &p.grads}}, true);
   for (size_t i = 0; i < bufs.size(); ++i) {
     check_same_shape(op, "grads", int64_t(i), grad_sizes[i], "bufs", buf_sizes[i]);
     const bool ok = p.bufs[i].dtype == DType::kFloat32 || p.bufs[i].dtype == p.grads[i].dtype;
@@ -209,10 +178,21 @@ AccumulateParams accumulate_params(const char* op, const TensorList& bufs, const
   return p;
 }
 
+}  // namespace
+
+// bufs[i] may be grads[i] itself: bufs[i] += alpha * bufs[i] is elementwise (aliasing.h).
+AccumulateParams accumulate_params(const char* op, const TensorList& bufs, const TensorList& grads, double alpha,
+                                   const std::optional<Tensor>& alpha_tensor, bool assign) {
+  AccumulateParams p = checked_accumulate(op, bufs, grads, alpha, alpha_tensor, assign);
+  const std::vector<Span> alpha_span = scalar_span(p.alpha_ptr);
+  check_scalars_disjoint(op, {{"bufs", &p.bufs}}, {{"grads", &p.grads}, scalar_arg("alpha_tensor", alpha_span)});
+  return p;
+}
+
 AccumulateParams accumulate_final_params(const char* op, const TensorList& bufs, const TensorList& grads, double alpha,
                                          const std::optional<Tensor>& alpha_tensor, bool assign,
                                          const Tensor& found_inf, const Tensor& norm_acc, double norm_type) {
-  AccumulateParams p = accumulate_params(op, bufs, grads, alpha, alpha_tensor, assign);
+  AccumulateParams p = checked_accumulate(op, bufs, grads, alpha, alpha_tensor, assign);
   const Device device = list_device(bufs, &norm_acc);
   check_scalar(op, "found_inf", found_inf, device);
   check_scalar(op, "norm_acc", norm_acc, device);
@@ -220,6 +200,10 @@ AccumulateParams accumulate_final_params(const char* op, const TensorList& bufs,
   p.found_inf = found_inf.mutable_data_ptr<float>();
   p.norm_acc = norm_acc.mutable_data_ptr<float>();
   p.norm_kind = to_fast_norm_kind(op, norm_type);
+  const std::vector<Span> found = scalar_span(p.found_inf), norm = scalar_span(p.norm_acc),
+                          alpha_span = scalar_span(p.alpha_ptr);
+  check_scalars_disjoint(op, {{"bufs", &p.bufs}, scalar_arg("found_inf", found), scalar_arg("norm_acc", norm)},
+                         {{"grads", &p.grads}, scalar_arg("alpha_tensor", alpha_span)});
   return p;
 }
 
@@ -248,12 +232,14 @@ ScaleParams unscale_params(const char* op, const TensorList& tensors, const Tens
   const Device device = list_device(tensors, &found_inf);
   ScaleParams p;
   p.tensors = check_list(op, "tensors", tensors, device, Use::kPaired);
-  check_disjoint(op, {&p.tensors});
+  check_disjoint(op, {{"tensors", &p.tensors}}, {});
   check_scalar(op, "inv_scale", inv_scale, device);
   check_scalar(op, "found_inf", found_inf, device);
   p.mode = ScaleMode::kUnscale;
   p.inv_scale_ptr = inv_scale.mutable_data_ptr<float>();
   p.found_inf = found_inf.mutable_data_ptr<float>();
+  const std::vector<Span> found = scalar_span(p.found_inf), inv = scalar_span(p.inv_scale_ptr);
+  check_scalars_disjoint(op, {{"tensors", &p.tensors}, scalar_arg("found_inf", found)}, {scalar_arg("inv_scale", inv)});
   return p;
 }
 
@@ -262,7 +248,7 @@ ScaleParams clip_norm_params(const char* op, const TensorList& tensors, const Te
   const Device device = list_device(tensors, &total_norm);
   ScaleParams p;
   p.tensors = check_list(op, "tensors", tensors, device, Use::kSingleList);
-  check_disjoint(op, {&p.tensors});
+  check_disjoint(op, {{"tensors", &p.tensors}}, {});
   // total_norm: one element of any float dtype (torch's get_total_norm returns the grads' dtype).
   GRADACC_CHECK(is_defined(total_norm), op, ": total_norm is undefined (None)");
   const DType norm_dtype = to_scalar_dtype(op, "total_norm", dtype_of(total_norm));
@@ -280,13 +266,15 @@ ScaleParams clip_norm_params(const char* op, const TensorList& tensors, const Te
   p.norm_dtype = norm_dtype;
   p.max_norm = list_value(op, "max_norm", max_norm, p.tensors);
   p.eps = list_value(op, "eps", eps, p.tensors);
+  const std::vector<Span> norm{Span{const_cast<void*>(p.norm_ptr), 1, norm_dtype}};
+  check_scalars_disjoint(op, {{"tensors", &p.tensors}}, {scalar_arg("total_norm", norm)});
   return p;
 }
 
 ScaleParams clip_value_params(const char* op, const TensorList& tensors, double clip_value) {
   ScaleParams p;
   p.tensors = check_list(op, "tensors", tensors, list_device(tensors, nullptr), Use::kSingleList);
-  check_disjoint(op, {&p.tensors});
+  check_disjoint(op, {{"tensors", &p.tensors}}, {});
   // 0 zeroes, inf keeps, a negative value sets every element to it: torch.clamp's semantics.
   GRADACC_CHECK(!std::isnan(clip_value), op, ": clip_value must not be NaN, got ", clip_value);
   p.mode = ScaleMode::kClipValue;

@@ -71,9 +71,4 @@ void check_scalar(const char* op, const char* arg, TensorRef t, const Device& de
 // tensor; else the CPU) when there is none.
 Device list_device(const TensorList& list, const Tensor* fallback);
 
-// Refuses outputs that share memory (a tensor listed twice, overlapping views), within one list or across
-// the lists given: the kernels write their outputs in parallel, so those writes would race. Sorted byte
-// ranges, one sweep. The Python side names the pair in the contract's ValueError (ops/_aliasing.py).
-void check_disjoint(const char* op, const std::vector<const std::vector<Span>*>& outputs);
-
 }  // namespace gradacc::binding

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "aliasing.h"
 #include "binding.h"
 #include "cpu/optim_cpu.h"
 
@@ -168,11 +169,21 @@ OptimParams checked_params(const char* op, const StepArgs<T>& a) {
     has[s] = !p.state[s].empty();
   }
   T::check_state(o, has, params.size(), rules);
+  // Outputs in the order of _checks_optim's record (params, state, master_params, steps), then the inputs:
+  // no input may be an output here, not even its own pair (the reference applies weight decay to params[i]
+  // before it reads grads[i], the kernels read it first: they would differ).
   std::vector<Span> step_spans;  // the step counts are written too (one float32 each)
   for (float* step : p.steps) step_spans.push_back(Span{step, 1, DType::kFloat32});
-  std::vector<const std::vector<Span>*> outputs{&p.params, &p.masters, &step_spans};
-  for (int s = 0; s < T::kSlots; ++s) outputs.push_back(&p.state[s]);
-  check_disjoint(op, outputs);
+  std::vector<MemoryArg> outputs{{"params", &p.params}};
+  for (int s = 0; s < T::kSlots; ++s) outputs.push_back({T::kState[s], &p.state[s]});
+  outputs.push_back({"master_params", &p.masters});
+  outputs.push_back({"steps", &step_spans});
+  const std::vector<Span> lr = scalar_span(p.lr_ptr), mult = scalar_span(p.grad_mult_ptr),
+                          found = scalar_span(p.found_inf);
+  const std::vector<MemoryArg> inputs{{"grads", &p.grads}, scalar_arg("lr_tensor", lr), scalar_arg("grad_mult", mult),
+                                      scalar_arg("found_inf", found)};
+  check_disjoint(op, outputs, inputs);
+  check_scalars_disjoint(op, outputs, inputs);
   p.scalars = a.scalars;
   p.seed = a.seed;
   return p;

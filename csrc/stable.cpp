@@ -104,6 +104,10 @@ int32_t shim_code(Enum value) {
   return to<int32_t>(from(value));
 }
 
+// The index of every CPU tensor's device: there is one CPU, and torch reports its tensors on it as "cpu"
+// (index -1), however they were made (device="cpu:0" included). So a CPU tensor's index is not read.
+constexpr int32_t kCpuIndex = -1;
+
 // The codes the checks compare with, behind one static guard.
 struct Codes {
   int32_t strided = shim_code(Layout::Strided);
@@ -148,19 +152,26 @@ TensorFacts facts_of(TensorRef t, bool with_sizes) {
   f.strided = layout == c.strided;
   if (!f.strided) return f;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(h, &type));
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(h, &index));
   f.device_type = device_type_from(c, type);
-  f.device_index = torch::stable::DeviceIndex(index);
+  if (type == c.cpu) {
+    f.device_index = kCpuIndex;
+  } else {
+    TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(h, &index));
+    f.device_index = torch::stable::DeviceIndex(index);
+  }
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(h, &dtype));
   f.dtype = dtype_from(c, dtype);
   TORCH_ERROR_CODE_CHECK(aoti_torch_is_contiguous(h, &f.contiguous));
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_numel(h, &f.numel));
-  if (with_sizes) {
+  if (with_sizes) {  // numel is their product: one shim call fewer where a pair check needs the sizes anyway
     int64_t dim = 0;
     int64_t* sizes = nullptr;
     TORCH_ERROR_CODE_CHECK(aoti_torch_get_dim(h, &dim));
     TORCH_ERROR_CODE_CHECK(aoti_torch_get_sizes(h, &sizes));
     f.sizes = {sizes, size_t(dim)};
+    f.numel = 1;
+    for (int64_t d = 0; d < dim; ++d) f.numel *= sizes[d];
+  } else {
+    TORCH_ERROR_CODE_CHECK(aoti_torch_get_numel(h, &f.numel));
   }
   return f;
 }
@@ -190,9 +201,9 @@ Layout layout_of(TensorRef t) {
 }
 
 Device device_of(TensorRef t) {
-  int32_t type = 0, index = 0;
+  int32_t type = 0, index = kCpuIndex;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t.get(), &type));
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(t.get(), &index));
+  if (type != codes().cpu) TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(t.get(), &index));
   return Device(device_type_from(codes(), type), torch::stable::DeviceIndex(index));
 }
 

@@ -80,9 +80,10 @@ bool is_non_overlapping_and_dense(const Shape& s);
 
 // What the per-tensor checks of a list item read, each fact by one shim
 // call, in one pass: the layout only of a defined tensor, the rest only of a
-// strided one (a sparse tensor has no strides to read), and
-// the sizes only `with_sizes` (for the pair checks). Contiguity and numel are
-// torch's own (one call each, fewer than sizes and strides plus our loops).
+// strided one (a sparse tensor has no strides to read), the device index only
+// off the CPU, and the sizes only `with_sizes` (for the pair checks; numel is
+// then their product). Contiguity is torch's own (one call, fewer than sizes
+// and strides plus our loops), and so is numel without the sizes.
 struct TensorFacts {
   bool defined = false, strided = false, contiguous = false;
   // Not a torch::stable::Device member: its namespace has hidden visibility.

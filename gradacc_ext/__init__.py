@@ -7,8 +7,7 @@ reference when the extension is not built (or with backend="torch").
 
 from __future__ import annotations
 
-from .accumulate import GradientAccumulationConfig, StepInfo
-from .compat.entry_points import AdaptiveGradientAccumulator, GradientAccumulator
+from .accumulate import AdaptiveGradientAccumulator, GradientAccumulationConfig, GradientAccumulator, StepInfo
 from .distributed.failures import PeerOutOfMemoryError
 from .ops import (
     accumulate_,

@@ -11,7 +11,8 @@ The accumulator runs micro-steps and owns its collaborators, each in its own mod
 window's gradient SUM) with WindowSums (which views hold it; each backward a transaction), GradHooks
 (folds gradients into it in buckets while backward runs), Window (normaliser, weights, micro-step
 count), Backprop (one backward into the window), WindowEnd (the window's end, as one sequence) with
-OptimizerStepper (step, deferred scheduler step) and Checkpoint.
+OptimizerStepper (step, deferred scheduler step) and Checkpoint. attach() builds them (attachment.py: the
+two construction phases); its reads are reads.py's, the guides' call shapes guide_calls.py's.
 It owns hooks on its parameters: use it as a context manager or call close() (garbage collection
 removes them too).
 """
@@ -27,16 +28,19 @@ import torch
 
 from ..distributed.failures import told_to_peers
 from ..distributed.grad_sync import grad_sync_for
+from .attachment import SetByAttach, check_attach, sort_construction
 from .backprop import Backprop
 from .buffers import GradBuffers
 from .checkpoint import Checkpoint
 from .config import GradientAccumulationConfig
+from .guide_calls import GuideCalls
 from .hooks import GradHooks
 from .linear_fusion import LinearFusion
 from .loss_checks import MigrationChecks
 from .loss_scale import LossScale
 from .params import check_optimizer, trainable
-from .stats import AccumulatorStats, StepInfo, WindowState
+from .reads import AccumulatorReads
+from .stats import AccumulatorStats
 from .stepper import OptimizerStepper
 from .window import Window, check_loss
 from .window_end import WindowEnd
@@ -45,10 +49,12 @@ LossFn = Callable[[Any, Any], "torch.Tensor | tuple[torch.Tensor, int | torch.Te
 _END = object()  # iterate(): past the loader's last batch
 
 
-class GradientAccumulator:
+class GradientAccumulator(AccumulatorReads, GuideCalls):
     """Runs micro-batches and steps the optimizer (and scheduler) once per window.
 
-    GradientAccumulator(model_or_params, optimizer, config, scheduler=None, scaler=None).
+    GradientAccumulator(model_or_params, optimizer, config, scheduler=None, scaler=None), or
+    GradientAccumulator(config) now and attach(model_or_params, optimizer, scheduler=None, scaler=None)
+    later (until then, what needs the model raises NotAttachedError).
     model_or_params: the model (an nn.Module, possibly DDP- or FSDP2-wrapped)
       or an iterable of parameters; frozen parameters are ignored.
     optimizer: any torch.optim.Optimizer over these parameters (one that holds
@@ -56,29 +62,48 @@ class GradientAccumulator:
     scheduler: stepped once per real optimizer step (never on skipped ones).
     scaler: a torch.amp.GradScaler for mixed_precision="fp16" (one is created
       from the config when omitted).
+    The guides' call shapes (accumulate_gradients, get_accumulation_stats, ...) are in guide_calls.py.
     """
+
+    # What attach() sets, declared (attachment.py): read before attach(), each raises NotAttachedError.
+    (module, params, optimizer, scheduler, device, stats, _checks, _sync, _buffers, _loss_scale, _window, _stepper,
+     _end, _checkpoint, _sums, _hooks, _fusion, _backprop) = SetByAttach.many(18)  # fmt: skip
 
     def __init__(
         self,
-        model_or_params: torch.nn.Module | Any,
-        optimizer: torch.optim.Optimizer,
-        config: GradientAccumulationConfig,
+        model_or_params: torch.nn.Module | Any | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        config: GradientAccumulationConfig | None = None,
         scheduler: Any | None = None,
         scaler: torch.amp.GradScaler | None = None,
     ) -> None:
-        if not isinstance(config, GradientAccumulationConfig):
-            raise TypeError(f"GradientAccumulator: config must be a GradientAccumulationConfig, got {type(config)}")
+        model_or_params, self.config = sort_construction(model_or_params, config)
+        self.attached = False
+        self._in_micro_step = False
+        self._closing = False  # micro_step(last=True): this micro-batch closes the window
+        self._data_ends = False  # iterate(): the batch it yielded is the loader's last
+        self._backward_done = False
+        if model_or_params is not None or optimizer is not None:
+            self.attach(model_or_params, optimizer, scheduler, scaler)
+        elif scheduler is not None or scaler is not None:
+            raise TypeError("GradientAccumulator: scheduler and scaler are given with the model and optimizer")
+
+    def attach(
+        self,
+        model_or_params: torch.nn.Module | Any,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
+        """Gives the accumulator its model and optimizer (once): builds the window and registers the hooks."""
+        check_attach(self.attached, model_or_params, optimizer)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"GradientAccumulator: optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
         if scheduler is not None and not callable(getattr(scheduler, "step", None)):
             raise TypeError(f"GradientAccumulator: scheduler must have a step() method, got {type(scheduler)}")
         module, params = trainable(model_or_params)
         check_optimizer(module, params, optimizer)  # before anything is set: a refused pair leaves no trace
-        self.config = c = config
-        self._in_micro_step = False
-        self._closing = False  # micro_step(last=True): this micro-batch closes the window
-        self._data_ends = False  # iterate(): the batch it yielded is the loader's last
-        self._backward_done = False
+        c = self.config
         self.module, self.params = module, params
         self.optimizer, self.scheduler = optimizer, scheduler
         self._checks = MigrationChecks(c)
@@ -101,11 +126,14 @@ class GradientAccumulator:
         self._backprop = Backprop(
             self.params, self.device, self._loss_scale, self._sync, self._buffers, self._hooks, self._window, self.stats
         )
+        self.attached = True
 
     # -- owning the hooks -------------------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Removes the hooks: the parameters get plain .grad behaviour again. Does not apply the open window."""
+        if not self.attached:  # built as GradientAccumulator(config) and never attached: no hooks
+            return
         if self._fusion is not None:
             self._fusion.close()
         self._hooks.close()
@@ -158,8 +186,13 @@ class GradientAccumulator:
         under HSDP and FSDP2's "window" mode it saves flush() the extra
         collectives that release FSDP's held sums.
         If the body raises, the partial gradients of that micro-batch are dropped
-        and the window is left as it was before it. Data-parallel: an OOM here fails
-        every rank with a clear error (distributed/failures.py).
+        and the window is left as it was before it. Data-parallel: an OOM that
+        leaves it before this rank ran any collective in it (always under DDP
+        ddp_reduce="buffer", until the closing micro-step's window end) may be
+        caught and the micro-batch retried, or skipped, within
+        GRADACC_PEER_WATCH_RETRY_S (20 s); the other ranks are not held up. Any
+        other OOM gives up the step: every other rank raises PeerOutOfMemoryError
+        naming this one (distributed/failures.py, peer_watch.py, docs/distributed.md).
         """
         if self._in_micro_step:
             raise RuntimeError("GradientAccumulator.micro_step() cannot be nested")
@@ -271,54 +304,6 @@ class GradientAccumulator:
             raise RuntimeError("GradientAccumulator.discard_window: called inside micro_step()")
         self._buffers.release()
         self._window.reset()
-
-    # -- reading (a read's only effect is resolving a deferred fused step: one host read) ---------------------------
-
-    @property
-    def last_step_skipped(self) -> bool | None:
-        """Whether the last closed window's step was skipped (inf/NaN); None before the first. May sync."""
-        self._stepper.resolve()
-        return self._stepper.last_skipped
-
-    @property
-    def optimizer_steps(self) -> int:
-        self._stepper.resolve()
-        return self.stats.optimizer_steps
-
-    @property
-    def skipped_steps(self) -> int:
-        self._stepper.resolve()
-        return self.stats.skipped_steps
-
-    @property
-    def micro_steps_in_window(self) -> int:
-        return self._window.micro
-
-    def loss_scale(self) -> float | None:
-        """The current fp16 loss scale (a host read), or None without fp16."""
-        return None if self._loss_scale is None else float(self._loss_scale.tensor(self.device).item())
-
-    def window_state(self) -> WindowState:
-        """The open window's counters and the last window's device tensors, without a host read."""
-        return WindowState(
-            micro_steps=self._window.micro,
-            grad_norm=self._end.norm,
-            loss_scale=self._loss_scale.tensor(self.device) if self._loss_scale is not None else None,
-            scaler=self._loss_scale.scaler if self._loss_scale is not None else None,
-            last_loss=self._backprop.last_loss,
-        )
-
-    def grad_norm_history(self) -> torch.Tensor:
-        """Pre-clip global grad norms of the last windows (CPU float32, oldest first; one host read)."""
-        return self.stats.grad_norm_history()
-
-    def add_callback(self, callback: Callable[[StepInfo], None]):
-        """Subscribe a logger: callback(StepInfo) after every window; returns a handle with remove()."""
-        return self.stats.add_callback(callback)
-
-    def reset_stats(self) -> None:
-        self._stepper.resolve()
-        self.stats.reset()
 
     # -- checkpointing ----------------------------------------------------------------------------------------------
 

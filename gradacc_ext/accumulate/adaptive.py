@@ -118,15 +118,18 @@ def check_split_sizes(micro_batch_size: int | None = None, min_micro_batch_size:
 class AdaptiveGradientAccumulator(GradientAccumulator):
     """GradientAccumulator whose step_batch() survives CUDA out-of-memory errors by splitting.
 
-    micro_batch_size: the largest chunk to try first (None: the whole batch);
-    it shrinks on OOM and stays shrunk. min_micro_batch_size: the floor.
+    AdaptiveGradientAccumulator(model_or_params, optimizer, config, scheduler=None, scaler=None, *,
+    micro_batch_size=None, min_micro_batch_size=1), or AdaptiveGradientAccumulator(config, ...) and
+    attach(model_or_params, optimizer, ...) later, as GradientAccumulator.
+    micro_batch_size: the largest chunk to try first (None: the config's micro_batch_size, else the whole
+    batch); it shrinks on OOM and stays shrunk. min_micro_batch_size: the floor.
     """
 
     def __init__(
         self,
-        model_or_params: torch.nn.Module | Any,
-        optimizer: torch.optim.Optimizer,
-        config: GradientAccumulationConfig,
+        model_or_params: torch.nn.Module | Any | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        config: GradientAccumulationConfig | None = None,
         scheduler: Any | None = None,
         scaler: torch.amp.GradScaler | None = None,
         *,

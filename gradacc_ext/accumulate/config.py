@@ -4,29 +4,23 @@ The window is given either directly (`accumulation_steps`) or derived from a
 target effective batch: accumulation_steps = target_batch_size /
 (micro_batch_size * world_size), which must divide exactly (use
 gradacc_ext.planning.plan_accumulation to round a target that does not).
+The accumulation guides' spellings are read by from_guide() (guide_spellings.py: GuideConfig).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import torch
 
-MixedPrecision = Literal["no", "fp16", "bf16"]
+from ..distributed.peer_watch import MODES as PEER_WATCH
+from .guide_spellings import GuideConfig, GuideFields
+from .precision import MIXED_PRECISION, MIXED_PRECISION_SPELLINGS, MixedPrecision
+
 LossNormalization = Literal["mean", "sum", "none"]
 
-MIXED_PRECISION = ("no", "fp16", "bf16")
-# Other spellings users bring (torch dtypes, Lightning/nanoGPT names), read as the canonical ones.
-MIXED_PRECISION_SPELLINGS = {
-    torch.float32: "no",
-    "float32": "no",
-    torch.bfloat16: "bf16",
-    "bfloat16": "bf16",
-    torch.float16: "fp16",
-    "float16": "fp16",
-}
 LOSS_NORMALIZATION = ("mean", "sum", "none")
 BACKENDS = ("auto", "ext", "torch")
 ACCUM_DTYPES = (torch.float32, None)
@@ -56,8 +50,11 @@ def _choice(name: str, value: object, choices: tuple) -> None:
 
 
 @dataclass
-class GradientAccumulationConfig:
+class GradientAccumulationConfig(GuideConfig):
     """What the accumulator does; invalid values raise ValueError naming the field.
+
+    GradientAccumulationConfig(**fields) takes the fields below; GradientAccumulationConfig.from_guide(**kw)
+    also takes the accumulation guides' spellings (its base class GuideConfig, guide_spellings.py).
 
     Window
       accumulation_steps: micro-batches per optimizer step (>= 1). Or leave it
@@ -133,7 +130,11 @@ class GradientAccumulationConfig:
         the last backward) or "overlap" (DDP's bucketed reducer all-reduces
         the window's sum during the closing backward);
       comm_dtype: None (the buffers' dtype) or torch.bfloat16: DDP sends
-        gradients in bf16 while accumulating in the buffers' dtype.
+        gradients in bf16 while accumulating in the buffers' dtype;
+      peer_watch: when a peer ran out of memory, gave up the step and stays alive while this rank is
+        parked in a collective: "end" (default: NCCL aborts the groups, so the call raises; gloo, which
+        cannot, ends the process with exit code 75 after logging why), "log" (only log it and wait for the
+        group's timeout) or "off" (no watch thread; GRADACC_PEER_WATCH=0 also turns it off).
     """
 
     accumulation_steps: int | None = None
@@ -163,6 +164,8 @@ class GradientAccumulationConfig:
     fsdp_reduce: str = "micro_step"
     ddp_reduce: str = "buffer"
     comm_dtype: torch.dtype | None = None
+    peer_watch: str = "end"
+    guide: GuideFields | None = field(default=None, init=False, repr=False, compare=False)  # set by from_guide()
 
     def __post_init__(self) -> None:
         _positive_int("world_size", self.world_size)
@@ -204,11 +207,8 @@ class GradientAccumulationConfig:
             raise ValueError(
                 f"GradientAccumulationConfig.fused_step must be 'auto', True or False, got {self.fused_step!r}"
             )
-        if isinstance(self.grad_norm_history, bool) or not isinstance(self.grad_norm_history, int):
-            raise ValueError(
-                f"GradientAccumulationConfig.grad_norm_history must be an integer >= 0, got {self.grad_norm_history!r}"
-            )
-        if self.grad_norm_history < 0:
+        history = self.grad_norm_history
+        if isinstance(history, bool) or not isinstance(history, int) or history < 0:
             raise ValueError(
                 f"GradientAccumulationConfig.grad_norm_history must be an integer >= 0, got {self.grad_norm_history!r}"
             )
@@ -223,6 +223,7 @@ class GradientAccumulationConfig:
         _choice("fsdp_reduce", self.fsdp_reduce, FSDP_REDUCE)
         _choice("ddp_reduce", self.ddp_reduce, DDP_REDUCE)
         _choice("comm_dtype", self.comm_dtype, COMM_DTYPES)
+        _choice("peer_watch", self.peer_watch, PEER_WATCH)
 
     def _check_fusion(self) -> None:
         if not isinstance(self.gradient_accumulation_fusion, bool):
@@ -276,9 +277,11 @@ class GradientAccumulationConfig:
         return self.micro_batch_size * self.world_size * self.accumulation_steps
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain dict for logs and the stats API (the dtype as its name)."""
-        out = asdict(self)
+        """A plain dict for logs and the stats API (the dtype as its name); from_guide()'s config also echoes
+        every field the guide passed, under the guide's name (GuideFields.echo)."""
+        core = [f.name for f in fields(self) if f.init]
+        out = {name: getattr(self, name) for name in core}
         for key in ("accum_dtype", "comm_dtype"):
             out[key] = None if out[key] is None else str(out[key]).replace("torch.", "")
         out["effective_batch_size"] = self.effective_batch_size
-        return out
+        return out if self.guide is None else self.guide.echo(out, core)

@@ -1,16 +1,17 @@
-"""The guides' API over gradacc_ext: their config names, call shapes and helper classes.
+"""The accumulation guides' names over gradacc_ext: guide code runs with only its import lines changed to
+`from gradacc_ext.compat import ...`.
 
-Guide code runs with only its import lines changed to `from gradacc_ext.compat import ...`.
-Everything here is a thin layer over the core accumulators (gradacc_ext.accumulate):
-entry_points.py adds the guides' entry points that gradacc_ext.GradientAccumulator itself keeps
-(GradientAccumulator(config) then attach(), accumulate_gradients, get_accumulation_stats), and
-accumulator.py the rest of the guides' call shapes; the aliases and the guides' disagreements are
-resolved in compat.config.
+GradientAccumulator and AdaptiveGradientAccumulator are gradacc_ext's own classes (one class each), which
+take the guides' call shapes themselves (accumulate/guide_calls.py). GradientAccumulationConfig is
+`gradacc_ext.GradientAccumulationConfig.from_guide`: it takes the guides' spellings and returns the one
+config class (accumulate/guide_spellings.py resolves them). The rest are the guides' helpers over the
+accumulator: create_accumulation_config, GradientAccumulationTrainer, GradientAccumulationManager and
+MemoryMonitor.
 """
 
-from .accumulator import AdaptiveGradientAccumulator, GradientAccumulator
+from ..accumulate import AdaptiveGradientAccumulator, GradientAccumulator
+from ..accumulate.guide_devices import MemoryMonitor
 from .config import GradientAccumulationConfig, create_accumulation_config
-from .devices import MemoryMonitor
 from .manager import GradientAccumulationManager
 from .trainer import GradientAccumulationTrainer
 

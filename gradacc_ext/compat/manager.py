@@ -17,17 +17,15 @@ from typing import Any
 
 import torch
 
-from .accumulator import AdaptiveGradientAccumulator, GradientAccumulator
-from .config import GradientAccumulationConfig
-from .devices import MemoryMonitor
+from ..accumulate import AdaptiveGradientAccumulator, GradientAccumulationConfig, GradientAccumulator
+from ..accumulate.guide_devices import MemoryMonitor
 
 
 def build_accumulator(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: GradientAccumulationConfig, **kwargs: Any
 ) -> GradientAccumulator | AdaptiveGradientAccumulator:
     """The accumulator a guide's strategy asks for: the OOM-splitting one for "dynamic"/"adaptive"."""
-    adaptive = getattr(config, "strategy", "standard") != "standard"
-    cls = AdaptiveGradientAccumulator if adaptive else GradientAccumulator
+    cls = GradientAccumulator if config.strategy == "standard" else AdaptiveGradientAccumulator
     return cls(model, optimizer, config, **kwargs)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .config import GradientAccumulationConfig
+from ..accumulate import GradientAccumulationConfig
 from .manager import build_accumulator
 
 

@@ -64,6 +64,7 @@ class SyncConfig(Protocol):
     fsdp_reduce: str
     ddp_reduce: str
     comm_dtype: torch.dtype | None
+    peer_watch: str
 
 
 class LocalSync:

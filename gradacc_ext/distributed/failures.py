@@ -1,19 +1,18 @@
 """A rank's out-of-memory error, told to the other ranks through the process group's store.
 
-A rank that runs out of memory where collectives run (inside a micro-step
-under FSDP2/HSDP and DDP "overlap", or before a DDP window end) leaves the
-group: the others wait in a collective it never joins, and fail when the
-process group's timeout ends it, or at once when its process exits (gloo:
-"connection closed"). That error says nothing about the cause. So the OOM
-rank records itself in the default process group's store (c10d; torchrun's
-agent hosts it, so it outlives the rank) before its error leaves the
-accumulator, and a rank whose micro-step, backward or window end fails reads
-the record and raises PeerOutOfMemoryError naming that rank, chained to its
-own error. With no record, a failure is raised unchanged.
+A rank that runs out of memory where collectives run leaves the group: the others wait in a
+collective it never joins, and fail when the process group's timeout ends it, or at once when its
+process exits (gloo: "connection closed"). That error says nothing about the cause. So an OOM
+leaving a rank's micro_step(), backward() or flush() is recorded in the default process group's
+store (oom_records.py; torchrun's agent hosts it, so it outlives the rank) before it leaves the
+accumulator, and a rank whose call fails reads the record and raises PeerOutOfMemoryError naming
+that rank (never itself), chained to its own error. With no record, a failure is raised unchanged.
 
-The store is written only on these error paths, never per step; while a rank is inside such work a
-daemon thread reads it every few seconds, so that a peer which ran out of memory and stays alive
-ends this rank's wait within a bound, not at the process group's timeout (peer_watch.py).
+The record says whether the rank may still come back. Its OOM came before any collective of that
+call ran on it (the process groups' sequence numbers did not move): the others are not
+desynchronised, and the rank may catch the error and retry, which clears the record (DDP
+"buffer" mode: no collective runs inside a micro-step). Otherwise it gave up the step. A peer
+that gave up and stays alive ends this rank's wait within a bound (peer_watch.py).
 """
 
 from __future__ import annotations
@@ -24,21 +23,13 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
+from . import oom_records
+from .oom_records import GAVE_UP, OOMRecord
 from .peer_watch import PeerWatch
-
-KEY = "gradacc_ext/out_of_memory"  # the first OOM rank's "rank|message"; torchrun makes a store per restart
-_MAX_MESSAGE = 600  # a CUDA OOM message lists the allocator's state; the peers need its gist
 
 
 class PeerOutOfMemoryError(RuntimeError):
     """Another rank ran out of memory, so this rank's collective failed (the chained error)."""
-
-
-def _store() -> dist.Store | None:
-    try:
-        return dist.distributed_c10d._get_default_store()
-    except (ValueError, RuntimeError, AttributeError):  # no process group, or a torch without the helper
-        return None
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -46,70 +37,72 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.OutOfMemoryError) or isinstance(error.__cause__, torch.OutOfMemoryError)
 
 
-def _record(error: BaseException) -> None:
-    store = _store()
-    if store is None:
-        return
-    text = f"{dist.get_rank()}|{type(error).__name__}: {str(error)[:_MAX_MESSAGE]}"
-    with contextlib.suppress(RuntimeError):  # store unreachable: this rank's own error is raised anyway
-        store.compare_set(KEY, "", text)  # the first OOM rank is kept: the others failed after it
-
-
-def _read_record() -> tuple[int, str] | None:
-    """The first out-of-memory rank and its message, or None (no record, no store, or its host is gone)."""
-    store = _store()
-    if store is None:
-        return None
+def collectives_issued() -> int | None:
+    """Collectives this rank has issued on all its process groups so far, or None where torch cannot say."""
     try:
-        if not store.check([KEY]):
-            return None
-        rank, message = store.get(KEY).decode().split("|", 1)
-    except RuntimeError:  # the store's host is gone (e.g. it was the OOM rank's process): nothing to tell
+        return sum(group._get_sequence_number_for_group() for group in dist.distributed_c10d._world.pg_map)
+    except (AttributeError, RuntimeError):
         return None
-    return int(rank), message
 
 
-def _explain(record: tuple[int, str] | None = None) -> str:
-    rank, message = record or _read_record() or (-1, "(the record is gone)")
-    me = dist.get_rank() if dist.is_initialized() else _watch.rank  # after the watch's abort: the kept rank
+def _me() -> int:
+    return dist.get_rank() if dist.is_initialized() else _watch.rank  # after the watch's abort: the kept rank
+
+
+def _explain(record: OOMRecord) -> str:
+    rank, me = record.rank, _me()
+    why = "gave up the step" if record.state == GAVE_UP else "did not come back"
     return (
-        f"GradientAccumulator: rank {rank} ran out of memory, so this rank (rank {me}) failed in a "
+        f"GradientAccumulator: rank {rank} ran out of memory and {why}, so this rank (rank {me}) failed in a "
         f"collective that rank {rank} never joined (that failure is chained as this error's cause). "
-        f"Rank {rank} raised: {message}\n"
+        f"Rank {rank} raised: {record.message}\n"
         "Lower the memory per rank: a smaller micro-batch (AdaptiveGradientAccumulator: micro_batch_size), "
         "fsdp_reduce='micro_step' (FSDP2 keeps 1/world of the gradient between micro-steps, not a full one), or "
-        "DDP with ddp_reduce='buffer', where an AdaptiveGradientAccumulator rank splits its micro-batch alone"
+        "DDP with ddp_reduce='buffer', where no collective runs inside a micro-step: an AdaptiveGradientAccumulator "
+        "rank splits its micro-batch alone there, and a rank that catches an OOM from micro_step() may retry it "
+        "(docs/distributed.md)"
     )
 
 
 def _peer_error() -> PeerOutOfMemoryError | None:
-    record = _read_record() or _watch.aborted_for  # the watch's abort takes the default store with the groups
+    # The watch's abort takes the default store with the groups: then the record it kept.
+    record = oom_records.peer_to_name(_me()) or _watch.aborted_for
     if record is None:
         return None
     _watch.delivered = record  # told to the caller: the watch stands down for it
     return PeerOutOfMemoryError(_explain(record))
 
 
-_watch = PeerWatch(_read_record, _explain)
+_watch = PeerWatch(_explain)
+
+
+def watch_peers(mode: str) -> None:
+    """GradientAccumulationConfig.peer_watch of a data-parallel accumulator: "end", "log" or "off" (peer_watch.py)."""
+    _watch.mode = mode
 
 
 @contextlib.contextmanager
 def told_to_peers(distributed: bool) -> Iterator[None]:
     """Around accumulator work that can meet a collective: records this rank's OOM, names a peer's OOM."""
-    if distributed:
-        _watch.enter()  # bounds a wait on a peer that ran out of memory and stays alive (peer_watch.py)
+    if not distributed:
+        yield
+        return
+    _watch.enter()  # a rank coming back after a caught OOM clears its record here
+    issued = collectives_issued()
     try:
         yield
     except Exception as error:
-        if not distributed or isinstance(error, PeerOutOfMemoryError):
+        if isinstance(error, PeerOutOfMemoryError):
             raise
         if is_out_of_memory(error):
-            _record(error)
+            after = collectives_issued()
+            # Unknown counts (an older torch): a "hit", which the watch's retry time turns into a give-up.
+            gave_up = None not in (issued, after) and after != issued
+            _watch.out_of_memory(f"{type(error).__name__}: {error}", gave_up)
             raise
         peer = _peer_error()
         if peer is None:
             raise
         raise peer from error
     finally:
-        if distributed:
-            _watch.exit()
+        _watch.exit()

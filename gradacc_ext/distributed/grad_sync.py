@@ -8,6 +8,7 @@ import torch
 
 from .base import LocalSync, SyncConfig
 from .ddp import DDPOverlapSync, DDPSync
+from .failures import watch_peers
 from .fsdp import FSDP2Sync
 from .validate import check_setup
 
@@ -19,6 +20,8 @@ def grad_sync_for(
 ) -> LocalSync:
     """Validates the setup (no collective runs) and returns the strategy for it."""
     kind = check_setup(module, params, config)
+    if kind != "local":
+        watch_peers(config.peer_watch)  # one watch per process (peer_watch.py): the last data-parallel setting
     if kind == "ddp":
         sync = DDPOverlapSync if config.ddp_reduce == "overlap" else DDPSync
         return sync(module, config.comm_dtype)

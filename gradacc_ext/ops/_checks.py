@@ -9,7 +9,9 @@ check_pair_dtype, check_scalar) serve the optimizer steps' checks too (_checks_o
 from __future__ import annotations
 
 import enum
+import itertools
 import math
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -30,7 +32,10 @@ def num(value: float) -> str:
 
 def check_defined(op: str, arg: str, tensors: Sequence[torch.Tensor | None]) -> None:
     """None in a list: checked in Python before either backend runs, because the compiled ops' schema
-    (Tensor[]) would reject it with torch's own message before the binding could name it."""
+    (Tensor[]) would reject it with torch's own message before the binding could name it. One C-level pass
+    (identity with None) first: this runs on every call of the public ops."""
+    if not any(map(operator.is_, tensors, itertools.repeat(None))):
+        return
     for i, t in enumerate(tensors):
         if t is None:
             raise ValueError(f"{op}: {arg}[{i}] is undefined (None)")

@@ -94,15 +94,21 @@ def _nothing() -> None:
     return None
 
 
-def _as_list(op: str, tensors: Iterable[torch.Tensor] | torch.Tensor, arg: str) -> list[torch.Tensor]:
+def _as_list(tensors: Iterable[torch.Tensor] | torch.Tensor, arg: str) -> list[torch.Tensor]:
+    """The list a public op hands on. A None item is named by the op's validation (_defined, first in each
+    validate()): on the compiled path that runs only after torch refused the list (Tensor[] takes no None), so
+    the common call pays no Python pass over the items for it."""
     if isinstance(tensors, torch.Tensor):
         return [tensors]
     try:
-        out = list(tensors)
+        return list(tensors)
     except TypeError:
         raise TypeError(f"{arg} must be a tensor or a sequence of tensors, got {type(tensors).__name__}") from None
-    _checks.check_defined(op, arg, out)
-    return out
+
+
+def _defined(op: str, **lists: list[torch.Tensor]) -> None:
+    for arg, tensors in lists.items():
+        _checks.check_defined(op, arg, tensors)
 
 
 def _split_scale(scale: float | torch.Tensor) -> tuple[float, torch.Tensor | None]:
@@ -125,14 +131,16 @@ def accumulate_(
     `scale` is a float or a one-element float32 tensor on the lists' device.
     """
     op = "gradacc.accumulate_"
-    bufs, grads = _as_list(op, bufs, "bufs"), _as_list(op, grads, "grads")
+    bufs, grads = _as_list(bufs, "bufs"), _as_list(grads, "grads")
     _aliasing.check_leaves(op, bufs=bufs)
     alpha, alpha_tensor = _split_scale(scale)
     device = _checks.list_device(bufs or grads, alpha_tensor)
 
     def validate() -> None:
-        _aliasing.check_disjoint(op, bufs=bufs)
+        _defined(op, bufs=bufs, grads=grads)
+        _aliasing.check_disjoint(op, {"bufs": bufs}, {"grads": grads}, in_place_pairs=True)
         _checks.check_accumulate(op, bufs, grads, alpha, alpha_tensor)
+        _aliasing.check_scalars_disjoint(op, {"bufs": bufs}, {"grads": grads, "alpha_tensor": alpha_tensor})
 
     empty = _nothing if not bufs and not grads else None
     _run("accumulate_", device, backend, validate, (bufs, grads, alpha, alpha_tensor, assign), empty)
@@ -159,15 +167,19 @@ def accumulate_final_(
     any inverse loss scale. Only 2 and inf have a partial that adds; another order is refused.
     """
     op = "gradacc.accumulate_final_"
-    bufs, grads = _as_list(op, bufs, "bufs"), _as_list(op, grads, "grads")
+    bufs, grads = _as_list(bufs, "bufs"), _as_list(grads, "grads")
     _aliasing.check_leaves(op, bufs=bufs)
     alpha, alpha_tensor = _split_scale(scale)
     device = _checks.list_device(bufs or grads, norm_acc)
     norm_type = float(norm_type)
 
     def validate() -> None:
-        _aliasing.check_disjoint(op, bufs=bufs)
+        _defined(op, bufs=bufs, grads=grads)
+        _aliasing.check_disjoint(op, {"bufs": bufs}, {"grads": grads}, in_place_pairs=True)
         _checks.check_accumulate_final(op, bufs, grads, alpha, alpha_tensor, found_inf, norm_acc, norm_type)
+        outputs = {"bufs": bufs, "found_inf": found_inf, "norm_acc": norm_acc}
+        inputs = {"grads": grads, "alpha_tensor": alpha_tensor}
+        _aliasing.check_scalars_disjoint(op, outputs, inputs)
 
     empty = _nothing if not bufs and not grads else None  # nothing folded adds nothing
     args = (bufs, grads, alpha, alpha_tensor, assign, found_inf, norm_acc, norm_type)
@@ -192,10 +204,11 @@ def global_norm(
     returns (total, per_tensor_norms).
     """
     op = "gradacc.global_norm"
-    tensors = _as_list(op, tensors, "tensors")
+    tensors = _as_list(tensors, "tensors")
     device = _checks.list_device(tensors)
 
     def validate() -> None:
+        _defined(op, tensors=tensors)
         _checks.check_global_norm(op, tensors, float(norm_type))
 
     def empty_norms() -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,13 +228,15 @@ def unscale_(
 ) -> None:
     """tensors *= inv_scale; found_inf = 1 if any input is non-finite (fp32, fp16, bf16)."""
     op = "gradacc.unscale_"
-    tensors = _as_list(op, tensors, "tensors")
+    tensors = _as_list(tensors, "tensors")
     _aliasing.check_leaves(op, tensors=tensors)
     device = _checks.list_device(tensors, found_inf)
 
     def validate() -> None:
-        _aliasing.check_disjoint(op, tensors=tensors)
+        _defined(op, tensors=tensors)
+        _aliasing.check_disjoint(op, {"tensors": tensors})
         _checks.check_unscale(op, tensors, inv_scale, found_inf)
+        _aliasing.check_scalars_disjoint(op, {"tensors": tensors, "found_inf": found_inf}, {"inv_scale": inv_scale})
 
     _run("unscale_", device, backend, validate, (tensors, inv_scale, found_inf), None if tensors else _nothing)
 
@@ -241,7 +256,7 @@ def clip_by_norm_(
     tensors unchanged, max_norm=0 zeroes them (torch's semantics).
     """
     op = "gradacc.clip_by_norm_"
-    tensors = _as_list(op, tensors, "tensors")
+    tensors = _as_list(tensors, "tensors")
     _aliasing.check_leaves(op, tensors=tensors)
     if isinstance(total_norm, (int, float)):
         # float64 keeps the number exact until the kernel rounds it, like a float64 tensor.
@@ -249,8 +264,10 @@ def clip_by_norm_(
     device = _checks.list_device(tensors, total_norm)
 
     def validate() -> None:
-        _aliasing.check_disjoint(op, tensors=tensors)
+        _defined(op, tensors=tensors)
+        _aliasing.check_disjoint(op, {"tensors": tensors})
         _checks.check_clip_by_norm(op, tensors, total_norm, float(max_norm), float(eps))
+        _aliasing.check_scalars_disjoint(op, {"tensors": tensors}, {"total_norm": total_norm})
 
     args = (tensors, total_norm, float(max_norm), float(eps))
     _run("clip_by_norm_", device, backend, validate, args, None if tensors else _nothing)
@@ -266,7 +283,8 @@ def clip_grad_norm_(
 ) -> torch.Tensor:
     """Global norm, then clip by it; returns the (pre-clip) norm. No host sync."""
     op = "gradacc.clip_grad_norm_"
-    tensors = _as_list(op, tensors, "tensors")
+    tensors = _as_list(tensors, "tensors")
+    _defined(op, tensors=tensors)  # a composite: named here, before the norm's own checks would name their op
     _aliasing.check_outputs(op, tensors=tensors)  # before the norm pass (clip_by_norm_ checks again)
     _checks.check_max_norm(op, float(max_norm))
     # The clip's own range checks before the norm runs: a bad eps must not cost a norm pass first.
@@ -286,12 +304,13 @@ def clip_by_value_(
     """tensors = clamp(tensors, -clip_value, clip_value), torch.clamp's semantics: 0 zeroes, inf keeps, a
     negative clip_value sets every element to it; NaN stays NaN."""
     op = "gradacc.clip_by_value_"
-    tensors = _as_list(op, tensors, "tensors")
+    tensors = _as_list(tensors, "tensors")
     _aliasing.check_leaves(op, tensors=tensors)
     device = _checks.list_device(tensors)
 
     def validate() -> None:
-        _aliasing.check_disjoint(op, tensors=tensors)
+        _defined(op, tensors=tensors)
+        _aliasing.check_disjoint(op, {"tensors": tensors})
         _checks.check_clip_by_value(op, tensors, float(clip_value))
 
     _run("clip_by_value_", device, backend, validate, (tensors, float(clip_value)), None if tensors else _nothing)

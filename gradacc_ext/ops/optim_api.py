@@ -21,7 +21,7 @@ import torch
 from . import _aliasing, reference_optim
 from ._checks import list_device
 from ._checks_optim import check_step
-from .api import Backend, _as_list, _nothing, _run, _split_scale
+from .api import Backend, _as_list, _defined, _nothing, _run, _split_scale
 from .optim_args import MODES, AdamWStep, LionStep, OptimStep, SGDStep
 
 Mode = str  # "nearest" | "master" | "stochastic"
@@ -34,7 +34,7 @@ def _mode(op: str, mode: Mode) -> int:
 
 
 def _lists(op: str, **named: Iterable[torch.Tensor]) -> dict[str, list[torch.Tensor]]:
-    return {arg: _as_list(op, tensors, arg) for arg, tensors in named.items()}
+    return {arg: _as_list(tensors, arg) for arg, tensors in named.items()}
 
 
 def _common(op: str, lr: float | torch.Tensor, maximize: bool, mode: Mode, seed: int) -> dict:
@@ -48,10 +48,15 @@ def _step(a: OptimStep, backend: Backend) -> None:
     outputs = {"params": a.params, **{name: getattr(a, name) for name, _ in a.STATE}}
     outputs.update(master_params=a.master_params, steps=a.steps)
     _aliasing.check_leaves(a.op, **outputs)
+    # No input may be an output, not even its own pair (ops/_aliasing.py).
+    inputs = {"grads": a.grads, "lr_tensor": a.lr_tensor, "grad_mult": a.grad_mult, "found_inf": a.found_inf}
 
     def validate() -> None:
-        _aliasing.check_disjoint(a.op, **outputs)
+        _defined(a.op, params=a.params, grads=a.grads, **{name: getattr(a, name) for name, _ in a.STATE})
+        _defined(a.op, master_params=a.master_params, steps=a.steps)
+        _aliasing.check_disjoint(a.op, outputs, inputs)
         check_step(a)
+        _aliasing.check_scalars_disjoint(a.op, outputs, inputs)
 
     device = list_device(a.params, a.found_inf)
     empty = None if a.params else _nothing

@@ -31,7 +31,7 @@ from _cases import (
     token_sum,
 )
 
-from gradacc_ext import GradientAccumulator  # the public class: the core plus the guides' stats entry points
+from gradacc_ext import GradientAccumulator  # the one class of that name (the guides' entry points included)
 from gradacc_ext.accumulate.config import GradientAccumulationConfig
 
 

@@ -27,7 +27,7 @@ from _cases import (
 )
 from test_accumulator_amp import fp32_forward, poison_hook
 
-from gradacc_ext import GradientAccumulator  # the public class: the core plus the guides' stats entry points
+from gradacc_ext import GradientAccumulator  # the one class of that name (the guides' entry points included)
 from gradacc_ext.accumulate.buffers import GradBuffers
 from gradacc_ext.accumulate.config import GradientAccumulationConfig
 from gradacc_ext.optim import FusedAdamW, FusedLion, FusedSGD

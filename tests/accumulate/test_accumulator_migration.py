@@ -11,7 +11,6 @@ import torch
 from _cases import make_batches, make_model, mse
 
 from gradacc_ext import GradientAccumulationConfig, GradientAccumulator
-from gradacc_ext.compat import GradientAccumulator as GuideAccumulator
 
 
 def config(**kw) -> GradientAccumulationConfig:
@@ -46,18 +45,20 @@ def test_optimizer_over_other_parameters_is_refused_and_a_partial_one_warned():
         GradientAccumulator(model, torch.optim.SGD(model[0].parameters(), lr=0.1), config())
 
 
-def test_seed_001_order_and_attach_on_first_call_are_compat_only():
+def test_both_guide_orders_and_attach_on_the_first_call_are_the_one_class_own():
+    """The guides' accumulate_gradients shapes are gradacc_ext.GradientAccumulator's own (one class)."""
     model = make_model(torch.float32, 4)
     x, y = make_batches(1, 3, torch.float32, 4)[0]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(AttributeError, match="no model and optimizer yet"):
-        GradientAccumulator(config()).accumulate_gradients(mse(model, (x, y)), model, opt)
-    with pytest.raises(TypeError, match="gradacc_ext.compat.GradientAccumulator takes both orders"):
-        GradientAccumulator(model, opt, config()).accumulate_gradients(model, mse(model, (x, y)), 3, opt)
-    out = GuideAccumulator(config()).accumulate_gradients(model, mse(model, (x, y)), 3, opt)
-    assert out["accumulation_step"] == 1 and not out["should_step"]
-    with pytest.raises(TypeError, match="optimizer is missing"):
-        GuideAccumulator(config()).accumulate_gradients(mse(model, (x, y)), model)
+    with pytest.raises(TypeError, match="optimizer is missing"):  # attaching on the first call needs both
+        GradientAccumulator(config()).accumulate_gradients(mse(model, (x, y)), model)
+    first = GradientAccumulator(config())
+    out = first.accumulate_gradients(model, mse(model, (x, y)), 3, opt)  # seed 001's order attaches it
+    assert first.attached and out["accumulation_step"] == 1 and not out["should_step"]
+    out = first.accumulate_gradients(mse(model, (x, y)), model, opt, num_items=3)  # seed 000's order, the same one
+    assert out["should_step"] and first.optimizer_steps == 1
+    with pytest.raises(ValueError, match="the optimizer passed is not the one"):
+        first.accumulate_gradients(mse(model, (x, y)), model, torch.optim.SGD(model.parameters(), lr=0.1))
 
 
 def test_disabled_scaler_means_no_loss_scaling_in_every_mode(caplog):
@@ -168,7 +169,7 @@ def test_discard_window_drops_the_open_window():
 
 def test_update_config_between_windows_only():
     model = make_model(torch.float32, 10)
-    acc = GuideAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), config())
+    acc = GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), config())
     assert acc.update_config(accumulation_steps=3, gradient_clipping=0.5) == {
         "accumulation_steps": 3,
         "max_grad_norm": 0.5,

@@ -17,7 +17,7 @@ import pytest
 import torch
 from _cases import TOL
 
-from gradacc_ext import GradientAccumulator  # the public class: the core plus the guides' stats entry points
+from gradacc_ext import GradientAccumulator  # the one class of that name (the guides' entry points included)
 from gradacc_ext.accumulate.config import GradientAccumulationConfig
 
 MODES = [pytest.param(True, id="fused"), pytest.param(False, id="plain")]

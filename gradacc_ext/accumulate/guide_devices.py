@@ -1,4 +1,5 @@
-"""The guides' device and memory calls, as reports that work on any machine.
+"""The guides' device and memory calls, as reports that work on any machine (gradacc_ext.compat exports
+MemoryMonitor; GradientAccumulator.update_config(model, device_ids) returns device_report's).
 
 Seed 000's update_config(model, device_ids) and seed 002's MemoryMonitor ask
 about GPUs; on a machine without those GPUs (or without CUDA) they report
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-GB = float(1 << 30)
+from .stats import GB
 
 
 def _cuda_count() -> int:

@@ -1,18 +1,21 @@
 """The stats dicts of the guides' entry points: accumulate_gradients() and get_accumulation_stats().
 
-Built from the accumulator's public read side (counters, stats, window_state()). Values are host
+Built from the accumulator's public read side (reads.py: counters, stats, window_state()), under
+gradacc_ext's names and the ones the guides read (total_gradients, performance_metrics, ...). Values are host
 numbers or device tensors (formatting a tensor reads it); get_accumulation_stats() reads the
 device-side norm history (one sync).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..accumulate.accumulator import GradientAccumulator
-from ..accumulate.stats import GB
+from .stats import GB
+
+if TYPE_CHECKING:  # the accumulator calls these; they only read it
+    from .accumulator import GradientAccumulator
 
 
 def after_backward(acc: GradientAccumulator, closed: bool, loss: torch.Tensor) -> dict[str, Any]:
@@ -41,7 +44,8 @@ def all_stats(acc: GradientAccumulator) -> dict[str, Any]:
     stats, config = acc.stats, acc.config
     norms = stats.grad_norm_history()
     finite = norms[torch.isfinite(norms)]
-    step_time = stats.mean_step_time()
+    step_time, micro_time = stats.mean_step_time(), stats.mean_micro_step_time()
+    memory = [m["allocated_gb"] for m in stats.memory_usage]
     return {
         **stats.counters(),
         "current_step": stats.optimizer_steps,
@@ -60,10 +64,14 @@ def all_stats(acc: GradientAccumulator) -> dict[str, Any]:
         "fused_linear_params": stats.fused_linear_params,
         "linear_fusion_fallbacks": dict(stats.linear_fusion_fallbacks),
         "linear_fusion_unfused_calls": dict(stats.linear_fusion_unfused_calls),
-        "time_per_micro_step_s": stats.mean_micro_step_time(),
+        "time_per_micro_step_s": micro_time,
         "time_per_step_s": step_time,
-        "avg_accumulation_time": step_time,
         "config": config.to_dict(),
+        # the guides' names
+        "total_gradients": stats.micro_steps,
+        "avg_memory_usage_gb": sum(memory) / len(memory) if memory else 0.0,
+        "avg_accumulation_time": step_time,
+        "performance_metrics": {"time_per_step_s": step_time, "time_per_micro_step_s": micro_time},
     }
 
 

@@ -1,5 +1,9 @@
-"""The guides' accumulator methods: both accumulate_gradients argument orders, accumulation_context,
-update_config and the stats keys they read, over gradacc_ext.GradientAccumulator (entry_points.py).
+"""The accumulation guides' call shapes, as methods of GradientAccumulator (its base class GuideCalls).
+
+accumulate_gradients in either guide's argument order (backward() plus a stats dict; the first call
+attaches an accumulator built as GradientAccumulator(config), as the guides do), get_accumulation_stats,
+current_step, accumulation_context and update_config: each a thin wrapper of the accumulator's own
+methods. Their stats dicts are guide_reports.py's; the guides' config spellings guide_spellings.py's.
 """
 
 from __future__ import annotations
@@ -11,9 +15,9 @@ from typing import Any
 
 import torch
 
-from . import entry_points
-from .config import ALIASES
-from .devices import device_report
+from .guide_devices import device_report
+from .guide_reports import after_backward, all_stats, check_same_objects
+from .guide_spellings import ALIASES
 
 # What update_config(**fields) may change between windows; the rest shapes the buffers or the loss scale.
 UPDATABLE = ("accumulation_steps", "max_grad_norm", "gradient_clipping", "gradient_clip_norm", "clip_value",
@@ -50,22 +54,30 @@ def _guide_call(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
     return call
 
 
-class GuideMethods:
-    """Mixed into gradacc_ext's accumulators: the guides' call shapes, each a thin wrapper of their methods."""
+class GuideCalls:
+    """The guides' entry points on GradientAccumulator; each calls the accumulator's own methods."""
 
     def accumulate_gradients(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Either guide's order (see _guide_call); batch_size weights the micro-batch by its size. The
-        first call attaches an accumulator built as GradientAccumulator(config), as the guides do."""
+        """backward(loss, num_items) plus a stats dict (guide_reports.after_backward), in either guide's order.
+
+        accumulate_gradients(loss, model=None, optimizer=None, scaler=None, *, num_items=None) (seed 000) or
+        accumulate_gradients(model, loss, batch_size, optimizer=None, scaler=None) (seed 001: batch_size weighs
+        the micro-batch by its size, as num_items does). The model, optimizer and scaler passed must be the
+        accumulator's own (a disabled scaler means no loss scaling); an accumulator built as
+        GradientAccumulator(config) is attached to them by its first call.
+        """
         call = _guide_call(args, kwargs)
+        model, optimizer, scaler = call.get("model"), call.get("optimizer"), call.get("scaler")
         if not self.attached:
-            self.attach(call.get("model"), call.get("optimizer"), scaler=call.get("scaler"))
-        return super().accumulate_gradients(
-            call["loss"],
-            call.get("model"),
-            call.get("optimizer"),
-            call.get("scaler"),
-            num_items=call.get("num_items"),
+            self.attach(model, optimizer, scaler=scaler)
+        own_scaler = self.window_state().scaler
+        if scaler is not None and own_scaler is None and not scaler.is_enabled():
+            scaler = None
+        check_same_objects(
+            model=(model, self.module), optimizer=(optimizer, self.optimizer), scaler=(scaler, own_scaler)
         )
+        closed = self.backward(call["loss"], call.get("num_items"))
+        return after_backward(self, closed, call["loss"])
 
     @property
     def current_step(self) -> int:
@@ -111,32 +123,24 @@ class GuideMethods:
                 f"update_config: called mid-window ({self.micro_steps_in_window} micro-steps accumulated); "
                 "call it right after a step, or flush() first"
             )
-        config = self.config
-        core_fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-        core_fields.pop("target_batch_size"), core_fields.pop("micro_batch_size")  # the steps are given now
-        checked = type(config)(**{**core_fields, **_core_names(fields)})  # the config's own validation
+        config, core = self.config, _core_names(fields)
+        # The config's own validation, on a copy; the steps are given now, not derived from the batch sizes.
+        checked = dataclasses.replace(config, target_batch_size=None, micro_batch_size=None, **core)
         changed = {}
-        for name in _core_names(fields):
+        for name in core:
             if getattr(checked, name) != getattr(config, name):
                 changed[name] = getattr(checked, name)
                 setattr(config, name, changed[name])
-        if hasattr(config, "guide_fields"):  # the stats' config echoes the guide's names with their new values
-            config.guide_fields.update(fields)
+        if config.guide is not None:  # the stats' config echoes the guide's names with their new values
+            config.guide.given.update(fields)
         if "accumulation_steps" in changed and config.micro_batch_size is not None:
             config.target_batch_size = None  # derived from the old window; effective_batch_size follows the new one
         return changed
 
     def get_accumulation_stats(self) -> dict[str, Any]:
-        """The core stats plus the guides' names for them."""
-        stats = super().get_accumulation_stats()
-        memory = [m["allocated_gb"] for m in stats["memory_usage"]]
-        stats["total_gradients"] = stats["micro_steps"]
-        stats["avg_memory_usage_gb"] = sum(memory) / len(memory) if memory else 0.0
-        stats["performance_metrics"] = {
-            "time_per_step_s": stats["time_per_step_s"],
-            "time_per_micro_step_s": stats["time_per_micro_step_s"],
-        }
-        return stats
+        """Every statistic as host values, under gradacc_ext's names and the guides' (reads the device-side norm
+        history: one sync)."""
+        return all_stats(self)
 
 
 def _core_names(fields: dict[str, Any]) -> dict[str, Any]:
@@ -147,11 +151,3 @@ def _core_names(fields: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"update_config: two spellings of {target} with different values")
         out[target] = value
     return out
-
-
-class GradientAccumulator(GuideMethods, entry_points.GradientAccumulator):
-    """gradacc_ext's GradientAccumulator with the guides' call shapes (see GuideMethods)."""
-
-
-class AdaptiveGradientAccumulator(GuideMethods, entry_points.AdaptiveGradientAccumulator):
-    """gradacc_ext's AdaptiveGradientAccumulator with the guides' call shapes (see GuideMethods)."""
