@@ -233,7 +233,7 @@ def main() -> None:
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
     if args.json:
-        write_json(args.json, lines[0], dict(rows), pcts, peaks, roofline.gbps, targets)
+        write_json(args.json, lines[0], dict(rows), pcts, peaks, roofline.gbps, targets, FLOOR_BYTES_PER_PARAM * numel)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,11 @@ def write_json(
     peak_bytes: dict[str, int],
     roofline_gbps: float,
     targets: list[dict],
+    floor_bytes: int | None = None,
 ) -> None:
+    """floor_bytes: the 38 B/param floor of one step (scripts/gpu_verify_model.py's model check reads it)."""
     rows = [{"contender": name, "ms": ms[name], "pct_copy": pct_copy[name], "peak_bytes": peak_bytes[name]}
             for name in ms]  # fmt: skip
-    record = {"title": title, "roofline_gbps": roofline_gbps, "rows": rows, "targets": targets}
+    record = {"title": title, "roofline_gbps": roofline_gbps, "floor_bytes": floor_bytes, "rows": rows,
+              "targets": targets}  # fmt: skip
     path.write_text(json.dumps(record, indent=2) + "\n")

@@ -7,7 +7,8 @@ junit/ and results/. Into OUT go exactly three files, whatever happened, each fa
 summary.md, summary.json and gpu_verify_logs.tar.gz (all of WORK; a log over LOG_CAP keeps its head
 and tail). Printed to stdout: the tail of every step that did not pass, then the summary table, last,
 so that it stays inside the last 12,000 characters a caller may keep. The summary also lists issue
-10's GPU targets from every fused-step record in WORK/results (met / not met; not the exit status).
+10's GPU targets from every fused-step record in WORK/results (met / not met; not the exit status), and
+the model check: each measured headline figure beside its committed prediction (gpu_verify_model.py).
 Exit status: 0 when every step passed, else 1.
 """
 
@@ -18,6 +19,9 @@ import json
 import sys
 import tarfile
 from pathlib import Path
+
+from gpu_verify_model import markdown as model_markdown
+from gpu_verify_model import model_check
 
 ARCHIVE = "gpu_verify_logs.tar.gz"
 ARCHIVE_MAX = 12 * 2**20  # the three files together stay under 16 MiB with room to spare
@@ -102,6 +106,7 @@ def markdown(result: dict) -> str:
                   "| workload | target | measured | required | status |", "|---|---|---:|---:|---|"]  # fmt: skip
         lines += [f"| {t['title'].split(':')[0]} | {t['target']} | {t['measured_text']} | {t['required_text']} | "
                   f"{t['status']} |" for t in targets]  # fmt: skip
+    lines += model_markdown(result["model_check"])
     return "\n".join(lines) + "\n"
 
 
@@ -111,8 +116,10 @@ def report(work: Path, out: Path, dry_run: bool) -> dict[str, object]:
     env = json.loads(pre.read_text()) if pre.exists() else {}  # the preflight failed: say unknown
     steps = read_steps(work)
     ok = bool(steps) and all(s["status"] in PASSING | NEUTRAL for s in steps)
+    device = next((g["name"] for g in env.get("gpus", [])), "")
     result = {"ok": ok, "dry_run": dry_run, "environment": env, "steps": steps,
-              "fused_step_targets": fused_step_targets(work), "archive": ARCHIVE}  # fmt: skip
+              "fused_step_targets": fused_step_targets(work), "model_check": model_check(work, device),
+              "archive": ARCHIVE}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "summary.md").write_text(markdown(result))

@@ -3,7 +3,8 @@
 #
 #   ./scripts/quickstart.sh demo [demo flags]   set up, then run `gradacc demo`
 #   ./scripts/quickstart.sh test [pytest args]  set up, then run the CUDA compile
-#                                               check (if nvcc exists), ruff and pytest
+#                                               check and the kernel report (if nvcc
+#                                               exists), ruff and pytest
 #
 # Setup = a virtual environment ($GRADACC_VENV, default .venv) with torch
 # ($GRADACC_TORCH, default torch==2.13.0, the CPU build), then
@@ -49,10 +50,18 @@ if [ "$mode" = demo ]; then
 fi
 
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
-  echo "== CUDA compile check (sm_80, sm_90)"
-  PATH="$(dirname "$py"):$PATH" bash scripts/check_cuda_compile.sh
+  echo "== CUDA compile check (sm_80, sm_90, sm_100)"
+  kernel_objects=$(mktemp -d)
+  trap 'rm -rf "$kernel_objects"' EXIT
+  PATH="$(dirname "$py"):$PATH" bash scripts/check_cuda_compile.sh --keep "$kernel_objects"
+  # the same objects' SASS: spills, local memory, 128-bit accesses, occupancy (docs/kernel-report.md)
+  echo "== kernel report (scripts/kernel_report.py --check)"
+  report_start=$(date +%s)
+  "$py" scripts/kernel_report.py --objects "$kernel_objects" --check
+  echo "kernel report took $(($(date +%s) - report_start)) s"
+  rm -rf "$kernel_objects"
 else
-  echo "== CUDA compile check skipped: no nvcc on this machine"
+  echo "== CUDA compile check and kernel report skipped: no nvcc on this machine"
 fi
 echo "== ruff"
 "$venv/bin/ruff" check gradacc_ext tests benchmarks

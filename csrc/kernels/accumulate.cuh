@@ -17,7 +17,7 @@ struct AccumulateArgs {
 static_assert(sizeof(ListMeta<2>) + sizeof(AccumulateArgs) <= kParamLimit, "accumulate kernel parameters");
 
 // kAssign is a template parameter so the assign path never reads the buffer.
-// Three resident blocks (<= 42 registers): ptxas otherwise squeezes this
+// Three resident blocks (<= 40 registers): ptxas otherwise squeezes this
 // kernel into 32 registers and spills on sm_80.
 template <bool kFinal, bool kAssign>
 __global__ void __launch_bounds__(kBlockThreads, 3)

@@ -99,11 +99,12 @@ __device__ __forceinline__ uint32_t to_bits(float x) { return float_bits(x); }
 __device__ __forceinline__ uint32_t to_bits(Half x) { return x.bits; }
 __device__ __forceinline__ uint32_t to_bits(BFloat16 x) { return x.bits; }
 
-// kVec elements of T as 32-bit words (little-endian: element 2k is the low half).
-template <typename T>
+// W elements of T as 32-bit words (little-endian: element 2k is the low half).
+template <typename T, int W>
 struct VecWords {
-  static constexpr int kWords = kVec * int(sizeof(T)) / 4;  // 8 for fp32, 4 for 16-bit types
+  static constexpr int kWords = W * int(sizeof(T)) / 4;  // 8 for 8 fp32, 4 for 8 16-bit, 2 for 4 16-bit
   static_assert(sizeof(T) == 4 || sizeof(T) == 2, "fp32 or a 16-bit type");
+  static_assert(kWords % 4 == 0 || kWords == 2, "whole 16-byte accesses, or one 8-byte access");
   uint32_t w[kWords] = {};
 
   __device__ __forceinline__ uint32_t get(int i) const {
@@ -116,22 +117,28 @@ struct VecWords {
   }
 };
 
-// Reads W elements at p (16-byte aligned when W == kVec). A double (float64
-// lists of the norm and clip ops) is always read one at a time: callers pass
-// vec = false for it, and the kVec instantiation reads element by element.
+// Reads W elements at p (aligned to their W * sizeof(T) bytes when W > 1):
+// 16-byte accesses, or one 8-byte access for 4 elements of a 16-bit type. A
+// double (float64 lists of the norm and clip ops) is always read one at a
+// time: callers pass vec = false for it, and a W > 1 instantiation reads
+// element by element.
 template <int W, typename T>
 __device__ __forceinline__ void load_raw(const T* p, T (&x)[W]) {
   if constexpr (W == 1 || sizeof(T) == 8) {
 #pragma unroll
     for (int i = 0; i < W; ++i) x[i] = p[i];
   } else {
-    static_assert(W == kVec, "vector width");
-    VecWords<T> v;
-    const uint4* src = reinterpret_cast<const uint4*>(p);
+    VecWords<T, W> v;
+    if constexpr (VecWords<T, W>::kWords == 2) {
+      const uint2 u = *reinterpret_cast<const uint2*>(p);
+      v.w[0] = u.x, v.w[1] = u.y;
+    } else {
+      const uint4* src = reinterpret_cast<const uint4*>(p);
 #pragma unroll
-    for (int q = 0; q < VecWords<T>::kWords / 4; ++q) {
-      const uint4 u = src[q];
-      v.w[4 * q] = u.x, v.w[4 * q + 1] = u.y, v.w[4 * q + 2] = u.z, v.w[4 * q + 3] = u.w;
+      for (int q = 0; q < VecWords<T, W>::kWords / 4; ++q) {
+        const uint4 u = src[q];
+        v.w[4 * q] = u.x, v.w[4 * q + 1] = u.y, v.w[4 * q + 2] = u.z, v.w[4 * q + 3] = u.w;
+      }
     }
 #pragma unroll
     for (int i = 0; i < W; ++i) x[i] = from_bits<T>(v.get(i));
@@ -144,14 +151,17 @@ __device__ __forceinline__ void store_raw(T* p, const T (&x)[W]) {
 #pragma unroll
     for (int i = 0; i < W; ++i) p[i] = x[i];
   } else {
-    static_assert(W == kVec, "vector width");
-    VecWords<T> v;
+    VecWords<T, W> v;
 #pragma unroll
     for (int i = 0; i < W; ++i) v.set(i, to_bits(x[i]));
-    uint4* dst = reinterpret_cast<uint4*>(p);
+    if constexpr (VecWords<T, W>::kWords == 2) {
+      *reinterpret_cast<uint2*>(p) = make_uint2(v.w[0], v.w[1]);
+    } else {
+      uint4* dst = reinterpret_cast<uint4*>(p);
 #pragma unroll
-    for (int q = 0; q < VecWords<T>::kWords / 4; ++q) {
-      dst[q] = make_uint4(v.w[4 * q], v.w[4 * q + 1], v.w[4 * q + 2], v.w[4 * q + 3]);
+      for (int q = 0; q < VecWords<T, W>::kWords / 4; ++q) {
+        dst[q] = make_uint4(v.w[4 * q], v.w[4 * q + 1], v.w[4 * q + 2], v.w[4 * q + 3]);
+      }
     }
   }
 }
@@ -161,25 +171,41 @@ struct Width {
   static constexpr int value = W;
 };
 
-// Calls fn(Width<W>{}, i) for this thread's share of the chunk's n elements.
-// Thread t owns the groups of kVec elements starting at 8t, 8t + 8 * 512, ...
-// below n - n % 8: one 16-byte-access call per group when `vec` (every
-// pointer 16-byte aligned), else kVec scalar calls in element order. The
-// last n % 8 elements (only in a tensor's last chunk) go one per thread.
-// Each thread therefore visits the same elements in the same order on both
+// Calls fn(Width<W>{}, i) for this thread's share of the chunk's n elements,
+// in groups of kW (kVec unless a kernel picks fewer to save registers).
+// Thread t owns the groups starting at kW * t, kW * (t + 512), ... below
+// n - n % kW: one call with vector accesses per group when `vec` (every
+// pointer 16-byte aligned), else kW scalar calls in element order. The last
+// n % kW elements (only in a tensor's last chunk) go one per thread. Each
+// thread therefore visits the same elements in the same order on both
 // paths: norm partials do not depend on the tensors' alignment.
-template <typename F>
+// The two paths are two loops, not one loop with a branch: ptxas does not
+// unswitch it, and the vector loop would otherwise hold the scalar path's
+// kW accesses per list too (scripts/kernel_report.py counts them).
+template <int kW = kVec, typename F>
 __device__ __forceinline__ void for_each_group(int n, bool vec, F&& fn) {
-  const int tail_from = n - n % kVec;
-  for (int i = int(threadIdx.x) * kVec; i < tail_from; i += kBlockThreads * kVec) {
-    if (vec) {
-      fn(Width<kVec>{}, i);
-    } else {
+  static_assert(kChunkElems % kW == 0, "chunk starts must keep the groups aligned inside a tensor");
+  const int tail_from = n - n % kW;
+  const int first = int(threadIdx.x) * kW;
+  constexpr int kStride = kBlockThreads * kW;
+  if (vec) {
+    for (int i = first; i < tail_from; i += kStride) fn(Width<kW>{}, i);
+  } else {
+    for (int i = first; i < tail_from; i += kStride) {
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) fn(Width<1>{}, i + j);
+      for (int j = 0; j < kW; ++j) fn(Width<1>{}, i + j);
     }
   }
   if (int(threadIdx.x) < n - tail_from) fn(Width<1>{}, tail_from + int(threadIdx.x));
+}
+
+// Calls fn(Width<1>{}, i) for elements t, t + 512, ... of the chunk, one at a
+// time: for the paths that never take 16-byte accesses (float64, the norm's
+// generic kinds). Unrolling kVec calls of their heavy element math, as
+// for_each_group's scalar path does, only adds registers (sm_100 spilled).
+template <typename F>
+__device__ __forceinline__ void for_each_element(int n, F&& fn) {
+  for (int i = int(threadIdx.x); i < n; i += kBlockThreads) fn(Width<1>{}, i);
 }
 
 // ---- Deterministic block reduction of norm statistics ----

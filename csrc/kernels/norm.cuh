@@ -27,8 +27,9 @@ static_assert(sizeof(ListMeta<1>) + sizeof(NormArgs<double>) <= kParamLimit, "no
 
 // kFast: the fp32 L2 / inf path (16-byte loads, norm_acc_add without a
 // per-element switch). Otherwise any kind, with the same per-element math as
-// the CPU kernel, reading one element at a time: pow dominates there, and
-// holding a vector of values live across its calls would spill registers.
+// the CPU kernel, reading one element at a time (for_each_element): pow
+// dominates there, and holding a vector of values live across its calls, or
+// unrolling them, spills registers (sm_100 did, scripts/kernel_report.py).
 // A float accumulator never meets float64 data (the binding widens such a
 // list to A = double), so only A = double dispatches on it.
 template <typename A, bool kFast>
@@ -39,17 +40,17 @@ __global__ void __launch_bounds__(kBlockThreads)
   const auto reduce = [&](auto tag) {
     using T = decltype(tag);
     const T* x = static_cast<const T*>(meta.data[0][c.slot]) + c.first_elem;
-    for_each_group(c.n, kFast && aligned16(x), [&](auto width, int i) {
-      constexpr int W = decltype(width)::value;
-      if constexpr (kFast && std::is_same_v<A, float> && !std::is_same_v<T, double>) {
+    if constexpr (kFast && std::is_same_v<A, float> && !std::is_same_v<T, double>) {
+      for_each_group(c.n, aligned16(x), [&](auto width, int i) {
+        constexpr int W = decltype(width)::value;
         T v[W];
         load_raw<W>(x + i, v);
 #pragma unroll
         for (int k = 0; k < W; ++k) acc = norm_acc_add(acc, Elem<T>::load(v[k]));
-      } else {
-        for (int k = 0; k < W; ++k) acc = norm_acc_add(acc, load_as<A>(x[i + k]), args.kind, args.p);
-      }
-    });
+      });
+    } else {
+      for_each_element(c.n, [&](auto, int i) { acc = norm_acc_add(acc, load_as<A>(x[i]), args.kind, args.p); });
+    }
   };
   if constexpr (std::is_same_v<A, double>) {
     dispatch_dtype_f64(meta.dtype[0][c.slot], reduce);

@@ -3,9 +3,10 @@
 //
 // One block per chunk, like every other multi-tensor kernel; the element
 // math is the optimizer's update(), the same as the CPU kernel's. fp32/16-bit chunks
-// whose pointers are all 16-byte aligned take 16-byte accesses (apex
-// multi_tensor_axpby style), the rest (and fp64) go element by element;
-// the chunk's last n % 8 elements are the scalar tail. Step counts are read
+// whose pointers are all 16-byte aligned take vector accesses (apex
+// multi_tensor_axpby style) in groups of kOptimVec<T>, the rest (and fp64)
+// go element by element; the chunk's last n % kOptimVec<T> elements are the
+// scalar tail. Step counts are read
 // here and incremented afterwards by step_increment_kernel, so no block ever
 // sees another's increment.
 #pragma once
@@ -29,15 +30,30 @@ struct OptimArgs {
 };
 static_assert(sizeof(ListMeta<kOptimDepth>) + sizeof(OptimArgs) <= kParamLimit, "optimizer kernel parameters");
 
-// Calls fn(Width<W>{}, i) over the chunk; fp64 (no 16-byte path) goes one
-// element per call.
-template <bool kCanVec, typename F>
+// Elements per thread per vector step of optimizer T. 4 for SGD and Lion:
+// 16 bytes of each fp32 list, 8 of a 16-bit one; groups of 8 had them spill
+// on sm_100. AdamW keeps 8: in groups of 4 ptxas capped it at 64 registers
+// and spilled around the division and square-root slow paths; in groups of
+// 8 it takes 84-98 registers, one 512-thread block per SM, whose hot loop
+// still keeps >= 48 KB of loads in flight per SM (docs/kernel-report.md).
+template <typename T>
+constexpr int kOptimVec = std::is_same_v<T, AdamW> ? kVec : 4;
+
+// Calls fn(Width<W>{}, i) over the chunk: groups of kW with vector
+// accesses when `vec`, else (and always for fp64) one element per call. An
+// element's update does not depend on the others, so the two paths need not
+// visit the elements in the same order, and the scalar path is not unrolled:
+// each update holds division and square-root slow paths (subroutine calls)
+// that would otherwise be kW times in every loop iteration.
+template <int kW, bool kCanVec, typename F>
 __device__ __forceinline__ void for_each_element_group(int n, bool vec, F&& fn) {
   if constexpr (kCanVec) {
-    for_each_group(n, vec, fn);
-  } else {
-    for (int i = int(threadIdx.x); i < n; i += kBlockThreads) fn(Width<1>{}, i);
+    if (vec) {
+      for_each_group<kW>(n, true, fn);
+      return;
+    }
   }
+  for_each_element(n, fn);
 }
 
 template <typename T>
@@ -84,7 +100,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     dispatch_mode<P>(args.mode, [&](auto mode_tag) {
       constexpr ParamMode M = decltype(mode_tag)::value;
       const auto consts = T::template consts<C>(args.s, lr, done, mult);
-      for_each_element_group<!std::is_same_v<C, double>>(c.n, vec, [&](auto width, int i) {
+      for_each_element_group<kOptimVec<T>, !std::is_same_v<C, double>>(c.n, vec, [&](auto width, int i) {
         constexpr int W = decltype(width)::value;
         C p[W], st[T::kSlots][W] = {};  // the state slots this variant uses
         G g[W];

@@ -20,7 +20,6 @@ removes them too).
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -83,6 +82,7 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
         self._closing = False  # micro_step(last=True): this micro-batch closes the window
         self._data_ends = False  # iterate(): the batch it yielded is the loader's last
         self._backward_done = False
+        self._lost_window = False  # a failed backward discarded the open window: refuse until discard_window()
         if model_or_params is not None or optimizer is not None:
             self.attach(model_or_params, optimizer, scheduler, scaler)
         elif scheduler is not None or scaler is not None:
@@ -186,8 +186,10 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
         under HSDP and FSDP2's "window" mode it saves flush() the extra
         collectives that release FSDP's held sums.
         If the body raises, the partial gradients of that micro-batch are dropped
-        and the window is left as it was before it. Data-parallel: an OOM that
-        leaves it before this rank ran any collective in it (always under DDP
+        and the window is left as it was before it; where that cannot be exact (its
+        backward had added into earlier micro-steps' sums) the window is lost and the
+        next micro_step(), backward() or flush() raises until discard_window(). Data-parallel:
+        an OOM that leaves it before this rank ran any collective in it (always under DDP
         ddp_reduce="buffer", until the closing micro-step's window end) may be
         caught and the micro-batch retried, or skipped, within
         GRADACC_PEER_WATCH_RETRY_S (20 s); the other ranks are not held up. Any
@@ -198,7 +200,8 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
             raise RuntimeError("GradientAccumulator.micro_step() cannot be nested")
         self._in_micro_step, self._backward_done, self._closing = True, False, bool(last)
         try:
-            sync = self._sync.context(self.sync_gradients or self._closing)
+            sync = self._sync.context(self.sync_gradients or self._closing)  # may refuse first (FSDP2, DDP overlap)
+            self._refuse_lost_window("micro_step")
             with told_to_peers(self._sync.reduces), sync, self._autocast():  # reduces: a data-parallel strategy
                 yield self
         except BaseException:
@@ -228,6 +231,7 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
             )
         if self._hooks.closed:
             raise RuntimeError("GradientAccumulator.backward: the accumulator is closed")
+        self._refuse_lost_window("backward")
         if self._in_micro_step and self._backward_done:
             raise RuntimeError("GradientAccumulator.backward: called twice inside one micro_step()")
         check_loss(loss)
@@ -262,13 +266,20 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
         return final
 
     def _window_discarded(self, error: BaseException) -> None:
-        """A failed backward had added into earlier micro-steps' sums: the open window was discarded."""
-        warnings.warn(
-            "GradientAccumulator: a backward failed after part of its gradient was added to the window's sums; "
-            "the open window was discarded (the next micro-batch starts a new one)",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+        """A failed backward had added into earlier micro-steps' sums: the open window was discarded. Going on
+        (a retried micro-batch) would close a window without the earlier micro-batches, silently wrong (the
+        seam matrix, tests/seams), so the accumulator refuses until the caller drops the window knowingly."""
+        self._lost_window = True
+
+    def _refuse_lost_window(self, where: str) -> None:
+        if self._lost_window:
+            raise RuntimeError(
+                f"GradientAccumulator.{where}: the open window was lost: a backward failed after part of its "
+                "gradient was added into earlier micro-steps' sums, which cannot be undone exactly without a copy "
+                "of them (docs/memory.md), so a retry would close a window without those micro-batches. Call "
+                "discard_window() to drop it and start a new window, or restart from the last checkpoint "
+                "(AdaptiveGradientAccumulator.step_batch runs the window again itself)"
+            )
 
     def step_batch(self, batch: Any, loss_fn: LossFn) -> bool:
         """One micro-batch through a callable: loss_fn(model, batch) -> loss or (loss, num_items)."""
@@ -285,6 +296,7 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
         """
         if self._in_micro_step:
             raise RuntimeError("GradientAccumulator.flush: called inside micro_step(); call it after the micro-batch")
+        self._refuse_lost_window("flush")
         self._stepper.resolve()
         if self._window.micro == 0:
             return False
@@ -304,6 +316,7 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
             raise RuntimeError("GradientAccumulator.discard_window: called inside micro_step()")
         self._buffers.release()
         self._window.reset()
+        self._lost_window = False
 
     # -- checkpointing ----------------------------------------------------------------------------------------------
 
@@ -315,3 +328,4 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._checkpoint.load_state_dict(state)
+        self._lost_window = False  # the loaded window replaces the lost one

@@ -214,6 +214,9 @@ class AdaptiveGradientAccumulator(GradientAccumulator):
             super()._window_discarded(error)
 
     def _run_chunk(self, chunk: _Chunk, last: bool) -> bool:
+        # Each chunk casts the weights afresh, as its own micro-step would: chunks that shared autocast's cast
+        # cache (one micro_step() region) lost weight gradients under FSDP2/HSDP (the seam matrix, tests/seams).
+        torch.clear_autocast_cache()
         out = chunk.batch.loss_fn(self.module, chunk.data)
         loss, num_items = out if isinstance(out, tuple) else (out, None)
         check_loss(loss)

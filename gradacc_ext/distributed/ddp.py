@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
-from .base import GradBuffers, LocalSync
+from .base import GradBuffers, GradHooks, LocalSync
 from .rank_state import dense_grads, pack_counts, per_rank, unpack_counts
 
 
@@ -119,10 +119,28 @@ class DDPOverlapSync(DDPSync):
         super().__init__(model, comm_dtype)
         model.register_comm_hook(self, _sum_hook)
         self._synced = False  # the open micro-step runs outside no_sync
+        self._closing_backward = False  # a closing backward began and its window end has not reduced yet
 
     def context(self, final: bool) -> contextlib.AbstractContextManager:
+        self._refuse_after_failed_close("micro_step()")
         self._synced = final
         return contextlib.nullcontext() if final else self.model.no_sync()
+
+    def release_held(self, hooks: GradHooks) -> None:
+        self._refuse_after_failed_close("flush()")  # flush() only: a closing micro-step reduces on its own
+
+    def _refuse_after_failed_close(self, where: str) -> None:
+        """A closing backward that raised part-way (an out-of-memory error the caller caught) left DDP's reducer
+        mid-reduction, and autograd had already added part of it into the window's sums in place (they are
+        param.grad): no retry or flush can be exact, so refuse before anything runs (the seam matrix,
+        tests/seams, found the retry failing with DDP's misleading 'unused parameters' error)."""
+        if self._closing_backward:
+            raise RuntimeError(
+                f"GradientAccumulator.{where}: with ddp_reduce='overlap' the window's closing backward raised "
+                "part-way (e.g. an out-of-memory error that was caught): DDP's reducer is mid-reduction and the "
+                "window's sums hold part of that backward, so no retry can be exact. Nothing was written; restart "
+                "from the last checkpoint (ddp_reduce='buffer' reduces nothing inside a micro-step)"
+            )
 
     def before_backward(self, final: bool, buffers: GradBuffers) -> bool:
         if self._synced != final:
@@ -132,6 +150,7 @@ class DDPOverlapSync(DDPSync):
             )
         if not final:
             return True
+        self._closing_backward = True
         # The running sum becomes param.grad: autograd accumulates into it in place, DDP reduces it.
         buffers.include_all()
         for param, view in zip(buffers.params, buffers.views, strict=True):
@@ -140,7 +159,7 @@ class DDPOverlapSync(DDPSync):
 
     def reduce(self, buffers: GradBuffers, count: torch.Tensor) -> None:
         if self._synced:  # DDP's reducer already summed the buffers during the backward
-            self._synced = False
+            self._synced = self._closing_backward = False
             dist.all_reduce(count, group=self.group)
             return
         super().reduce(buffers, count)

@@ -40,6 +40,7 @@ skips the same steps.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -75,6 +76,30 @@ class FSDP2Sync(LocalSync):
 
     # -- micro-steps ------------------------------------------------------------------------------------------------
 
+    def context(self, final: bool) -> contextlib.AbstractContextManager:
+        self._check_resharded("micro_step()")
+        return contextlib.nullcontext()
+
+    def _check_resharded(self, where: str) -> None:
+        """Between micro-steps FSDP2 is idle: its end-of-backward callback ran and every parameter is resharded
+        (a DTensor). A backward that raised part-way (an out-of-memory error the caller caught) leaves that
+        callback pending and modules it had not finished unsharded or mid-reduction: no later backward or
+        window end can be exact, so refuse here, before anything runs (the seam matrix, tests/seams, found a
+        retry silently wrong). The pending callback is read from FSDP2's root state (private, as release_held)."""
+        root = getattr(self.model, "_get_fsdp_state", None)
+        context = getattr(root(), "_state_ctx", None) if root is not None else None
+        pending = bool(getattr(context, "post_backward_final_callback_queued", False))
+        unsharded = [name for name, p in self.model.named_parameters() if not isinstance(p, DTensor)]
+        if pending or unsharded:
+            names = ", ".join(unsharded[:3])
+            left = f"{len(unsharded)} parameter(s) are still unsharded ({names}), " if unsharded else ""
+            raise RuntimeError(
+                f"GradientAccumulator.{where}: FSDP2 was left mid-backward by a backward that raised (e.g. an "
+                f"out-of-memory error that was caught): {left}its end-of-backward callback never ran, so a retried "
+                "micro-step cannot be exact. Nothing was written; restart from the last checkpoint (an error in "
+                "forward can be retried)"
+            )
+
     def before_backward(self, final: bool, buffers: GradBuffers) -> bool:
         every_step = self.mode == "micro_step"
         self.model.set_requires_gradient_sync(final or every_step)
@@ -106,6 +131,7 @@ class FSDP2Sync(LocalSync):
         collectives, as every rank's closing backward would. Uses FSDP2's root state (a private method of
         FSDPModule); without it, or where the release needs the zeros that torch 2.11 cannot send, the error of
         before_finish stands."""
+        self._check_resharded("flush()")
         root = getattr(self.model, "_get_fsdp_state", None)
         if not self._held or root is None or not self._can_release():
             return
@@ -139,6 +165,7 @@ class FSDP2Sync(LocalSync):
         return self._sends_zeros() or not (self.hsdp and self.mode == "micro_step")
 
     def before_finish(self) -> None:
+        self._check_resharded("window end")
         if self._held:
             raise RuntimeError(
                 self._held_message(

@@ -95,6 +95,11 @@ def fused_step_for(
 def unsupported_reason(optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter]) -> str | None:
     """Why `optimizer` cannot take the fused step over `params` (None: it can)."""
     name = type(optimizer).__name__
+    # The type first: a wrapper (Accelerate's AcceleratedOptimizer) never ran Optimizer.__init__, so it has
+    # no step-hook dicts to read; its own step() is called instead.
+    if not isinstance(optimizer, FUSED_OPTIMIZERS) and type(optimizer) not in TORCH_STEPS:
+        fused = ", ".join(cls.__name__ for cls in FUSED_OPTIMIZERS)
+        return f"{name} is not {fused}, or torch.optim.AdamW / Adam / SGD"
     hooks = optimizer_module._global_optimizer_pre_hooks, optimizer_module._global_optimizer_post_hooks
     if optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks or any(hooks):
         return "optimizer step hooks are registered (the fused pass does not call optimizer.step())"
@@ -102,9 +107,6 @@ def unsupported_reason(optimizer: torch.optim.Optimizer, params: Sequence[torch.
         if optimizer.max_grad_norm is not None:
             return f"{name}(max_grad_norm=...) clips inside its own step; set the config's max_grad_norm instead"
         return None
-    if type(optimizer) not in TORCH_STEPS:
-        fused = ", ".join(cls.__name__ for cls in FUSED_OPTIMIZERS)
-        return f"{name} is not {fused}, or torch.optim.AdamW / Adam / SGD"
     low = sorted({str(p.dtype) for p in params if p.dtype in HALF_DTYPES})
     if low:
         return f"torch.optim.{name} keeps its state in the param dtype ({', '.join(low)}); use gradacc's Fused{name}"

@@ -267,7 +267,8 @@ def test_activation_checkpointing_equals_full_batch(reentrant):
 
 def test_failed_backward_undoes_fused_first_writes_and_discards_a_mixed_window():
     """A backward that fails after a fused Linear wrote: the window's first micro-step is undone exactly (the
-    view is unmarked, as for a hooks-path fold); a later one cannot be, so the window is discarded."""
+    view is unmarked, as for a hooks-path fold); a later one cannot be, so the window is discarded and the next
+    micro_step() refused until discard_window()."""
     dtype, n, seed = torch.float64, 2, 47
     batches = make_batches(4, dtype, seed)
     model, ref = make_model(dtype, seed), make_model(dtype, seed)
@@ -285,9 +286,11 @@ def test_failed_backward_undoes_fused_first_writes_and_discards_a_mixed_window()
     assert acc._sums.indices() == [] and acc.micro_steps_in_window == 0
     with acc.micro_step():
         acc.backward(micro_loss(model, batches[0], "mean", n)[0])
-    with pytest.warns(RuntimeWarning, match="the open window was discarded"):
-        failing_step(batches[1])
+    failing_step(batches[1])
     assert acc.micro_steps_in_window == 0
+    with pytest.raises(RuntimeError, match="the open window was lost"), acc.micro_step():
+        pass
+    acc.discard_window()
     for batch in batches:
         with acc.micro_step():
             acc.backward(micro_loss(model, batch, "mean", n)[0])

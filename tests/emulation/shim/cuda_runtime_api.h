@@ -6,8 +6,8 @@
 // barrier. __syncthreads* release when every thread of the block waits there,
 // __shfl_*_sync when all 32 lanes of the warp do; a barrier that cannot be
 // released (divergent __syncthreads, a lane that left early) is reported as
-// an error instead of hanging, and so is a 16-byte (uint4) access at a
-// misaligned address. Fibers run one at a time on one OS thread, so
+// an error instead of hanging, and so is a 16-byte (uint4) or 8-byte (uint2)
+// access at a misaligned address. Fibers run one at a time on one OS thread, so
 // the schedule is deterministic; this is evidence about the device code's
 // logic and arithmetic, not GPU verification (no memory model, no timing).
 #pragma once
@@ -44,6 +44,9 @@ inline void fail(const std::string& what);
 inline void check_aligned16(const void* p) {
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0) fail("misaligned 16-byte access (a GPU faults: misaligned address)");
 }
+inline void check_aligned8(const void* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 8 != 0) fail("misaligned 8-byte access (a GPU faults: misaligned address)");
+}
 }  // namespace emu
 
 // CUDA's uint4 is 16-byte aligned and moves as one 16-byte access, which
@@ -64,6 +67,20 @@ struct uint4 {
   }
 };
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4(x, y, z, w); }
+
+// uint2: one 8-byte access (4 elements of a 16-bit type), checked the same way.
+struct uint2 {
+  unsigned x, y;
+  uint2() = default;
+  uint2(unsigned a, unsigned b) : x(a), y(b) {}
+  uint2(const uint2& o) : x(o.x), y(o.y) { emu::check_aligned8(&o); }
+  uint2& operator=(const uint2& o) {
+    emu::check_aligned8(this);
+    x = o.x, y = o.y;
+    return *this;
+  }
+};
+inline uint2 make_uint2(unsigned x, unsigned y) { return uint2(x, y); }
 
 enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorInvalidConfiguration = 9, cudaErrorLaunchFailure = 719 };
 using cudaStream_t = struct CUstream_st*;
