@@ -191,24 +191,19 @@ AccumulateParams accumulate_params(const char* op, const TensorList& bufs, const
 
 AccumulateParams accumulate_final_params(const char* op, const TensorList& bufs, const TensorList& grads, double alpha,
                                          const std::optional<Tensor>& alpha_tensor, bool assign,
-                                         const std::optional<Tensor>& inv_scale, const Tensor& found_inf,
-                                         const Tensor& norm_out, double norm_type) {
+                                         const Tensor& found_inf, const Tensor& norm_acc, double norm_type) {
   AccumulateParams p = checked_accumulate(op, bufs, grads, alpha, alpha_tensor, assign);
-  const Device device = list_device(bufs, &norm_out);
+  const Device device = list_device(bufs, &norm_acc);
   check_scalar(op, "found_inf", found_inf, device);
-  check_scalar(op, "norm_out", norm_out, device);
-  if (inv_scale) {
-    check_scalar(op, "inv_scale", *inv_scale, device);
-    p.inv_scale_ptr = inv_scale->mutable_data_ptr<float>();
-  }
+  check_scalar(op, "norm_acc", norm_acc, device);
   p.final_step = true;
   p.found_inf = found_inf.mutable_data_ptr<float>();
-  p.norm_out = norm_out.mutable_data_ptr<float>();
+  p.norm_acc = norm_acc.mutable_data_ptr<float>();
   p.norm_kind = to_fast_norm_kind(op, norm_type);
-  const std::vector<Span> found = scalar_span(p.found_inf), norm = scalar_span(p.norm_out),
-                          alpha_span = scalar_span(p.alpha_ptr), inv = scalar_span(p.inv_scale_ptr);
-  check_scalars_disjoint(op, {{"bufs", &p.bufs}, scalar_arg("found_inf", found), scalar_arg("norm_out", norm)},
-                         {{"grads", &p.grads}, scalar_arg("alpha_tensor", alpha_span), scalar_arg("inv_scale", inv)});
+  const std::vector<Span> found = scalar_span(p.found_inf), norm = scalar_span(p.norm_acc),
+                          alpha_span = scalar_span(p.alpha_ptr);
+  check_scalars_disjoint(op, {{"bufs", &p.bufs}, scalar_arg("found_inf", found), scalar_arg("norm_acc", norm)},
+                         {{"grads", &p.grads}, scalar_arg("alpha_tensor", alpha_span)});
   return p;
 }
 

@@ -19,11 +19,10 @@ namespace gradacc::binding {
 AccumulateParams accumulate_params(const char* op, const TensorList& bufs, const TensorList& grads, double alpha,
                                    const std::optional<Tensor>& alpha_tensor, bool assign);
 
-// accumulate_params plus the final micro-step's unscale, found-inf and norm.
+// accumulate_params plus a last-fold bucket's found-inf flag and running norm partial (added to).
 AccumulateParams accumulate_final_params(const char* op, const TensorList& bufs, const TensorList& grads, double alpha,
                                          const std::optional<Tensor>& alpha_tensor, bool assign,
-                                         const std::optional<Tensor>& inv_scale, const Tensor& found_inf,
-                                         const Tensor& norm_out, double norm_type);
+                                         const Tensor& found_inf, const Tensor& norm_acc, double norm_type);
 
 // Checks the list and the norm type; the outputs are allocated by the caller
 // afterwards with norm_outputs().

@@ -37,11 +37,10 @@ void accumulate_cpu(const TensorList& bufs, const TensorList& grads, double alph
 }
 
 void accumulate_final_cpu(const TensorList& bufs, const TensorList& grads, double alpha,
-                          const std::optional<Tensor>& alpha_tensor, bool assign,
-                          const std::optional<Tensor>& inv_scale, const Tensor& found_inf,
-                          const Tensor& norm_out, double norm_type) {
+                          const std::optional<Tensor>& alpha_tensor, bool assign, const Tensor& found_inf,
+                          const Tensor& norm_acc, double norm_type) {
   cpu::accumulate(binding::accumulate_final_params("gradacc.accumulate_final_", bufs, grads, alpha, alpha_tensor,
-                                                   assign, inv_scale, found_inf, norm_out, norm_type));
+                                                   assign, found_inf, norm_acc, norm_type));
 }
 
 std::tuple<Tensor, Tensor> global_norm_cpu(const TensorList& tensors, double norm_type, bool per_tensor) {
@@ -88,11 +87,12 @@ void init_cpu_isa(const std::string& capability) { cpu::init_capability(capabili
 STABLE_TORCH_LIBRARY(gradacc, m) {
   // bufs[i] = (assign ? 0 : bufs[i]) + alpha * alpha_tensor * grads[i]
   m.def("accumulate_(Tensor(a!)[] bufs, Tensor[] grads, float alpha, Tensor? alpha_tensor, bool assign) -> ()");
-  // The final micro-step in one pass: accumulate, multiply by inv_scale, raise
-  // found_inf on a non-finite result, and write the results' norm to norm_out.
+  // A bucket of the window's last fold, in one pass: accumulate, raise found_inf on a non-finite
+  // result, and ADD the results' sum of squares (norm_type 2) or max |x| (inf) into norm_acc. The
+  // results stay scaled (the window end multiplies the norm by inv_scale once).
   m.def(
       "accumulate_final_(Tensor(a!)[] bufs, Tensor[] grads, float alpha, Tensor? alpha_tensor, bool assign, "
-      "Tensor? inv_scale, Tensor(b!) found_inf, Tensor(c!) norm_out, float norm_type) -> ()");
+      "Tensor(b!) found_inf, Tensor(c!) norm_acc, float norm_type) -> ()");
   // (total norm, per-tensor norms or an empty tensor), float32, deterministic.
   m.def("global_norm(Tensor[] tensors, float norm_type, bool per_tensor) -> (Tensor, Tensor)");
   // tensors *= inv_scale; found_inf = 1 if any input is non-finite.

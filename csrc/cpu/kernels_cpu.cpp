@@ -73,13 +73,12 @@ void accumulate_chunk(B* buf, const G* grad, int64_t n, float alpha, bool assign
   map2_inplace(buf, grad, n, [&](float b, float g) { return accumulate_value(b, g, alpha, assign); });
 }
 
-// The final micro-step: store, then take the statistics of what was stored
+// A bucket of the window's last fold: store, then take the statistics of what was stored
 // (a low-precision buffer may round a finite fp32 value to Inf, and that is
 // what the optimizer reads). The second pass hits cache: a chunk is small.
 template <typename B, typename G>
-NormAcc accumulate_final_chunk(B* buf, const G* grad, int64_t n, float alpha, bool assign, float inv_scale) {
-  map2_inplace(buf, grad, n,
-               [&](float b, float g) { return accumulate_final_value(b, g, alpha, assign, inv_scale); });
+NormAcc accumulate_final_chunk(B* buf, const G* grad, int64_t n, float alpha, bool assign) {
+  accumulate_chunk(buf, grad, n, alpha, assign);
   return reduce_norm(buf, n);
 }
 
@@ -119,7 +118,6 @@ void norm_in(const NormParams& p) {
 void accumulate(const AccumulateParams& p) {
   const auto chunks = list_chunks(p.bufs);
   const float alpha = effective_alpha(p);
-  const float inv_scale = p.inv_scale_ptr ? *p.inv_scale_ptr : 1.0f;
   std::vector<NormAcc> partials(p.final_step ? chunks.size() : 0);
 
   for_each_chunk(p.bufs, chunks, [&](int64_t c, const ChunkRef& ref) {
@@ -132,7 +130,7 @@ void accumulate(const AccumulateParams& p) {
       B* buf = static_cast<B*>(b.data) + ref.first_elem;
       const G* grad = static_cast<const G*>(g.data) + ref.first_elem;
       if (p.final_step) {
-        partials[c] = accumulate_final_chunk(buf, grad, n, alpha, p.assign, inv_scale);
+        partials[c] = accumulate_final_chunk(buf, grad, n, alpha, p.assign);
       } else {
         accumulate_chunk(buf, grad, n, alpha, p.assign);
       }
@@ -144,7 +142,7 @@ void accumulate(const AccumulateParams& p) {
   NormAcc total = norm_acc_init();
   for (const auto& part : partials) total = norm_acc_merge(total, part);
   if (!is_finite(total.maxabs)) *p.found_inf = 1.0f;
-  *p.norm_out = norm_acc_result(total, p.norm_kind);
+  *p.norm_acc = norm_partial_add(*p.norm_acc, total, p.norm_kind);
 }
 
 void norm(const NormParams& p) {

@@ -35,10 +35,10 @@ NormWorkspace<A> norm_workspace(void* workspace, int64_t chunks) {
 // Pass 2 of the norm: the total, and `num_per_tensor` per-tensor norms.
 template <typename A>
 cudaError_t launch_finalize(const NormWorkspace<A>& ws, int64_t chunks, NormKind kind, double p, A* total_out,
-                            A* per_tensor_out, size_t num_per_tensor, cudaStream_t stream) {
+                            A* per_tensor_out, size_t num_per_tensor, cudaStream_t stream, bool add_to_total = false) {
   if (num_per_tensor >= size_t(INT32_MAX)) return cudaErrorInvalidValue;
   norm_finalize_kernel<A><<<unsigned(1 + num_per_tensor), kBlockThreads, 0, stream>>>(
-      ws.partials, ws.chunk_tensor, chunks, kind, p, total_out, per_tensor_out);
+      ws.partials, ws.chunk_tensor, chunks, kind, p, total_out, per_tensor_out, add_to_total);
   return cudaGetLastError();
 }
 
@@ -67,16 +67,16 @@ size_t accumulate_workspace_bytes(const AccumulateParams& p) {
 }
 
 cudaError_t launch_accumulate(const AccumulateParams& p, void* workspace, cudaStream_t stream) {
-  const AccumulateArgs args{p.alpha_ptr, p.inv_scale_ptr, p.found_inf, static_cast<NormAcc*>(workspace), p.alpha};
+  const AccumulateArgs args{p.alpha_ptr, p.found_inf, static_cast<NormAcc*>(workspace), p.alpha};
   const auto kernel = p.final_step ? (p.assign ? accumulate_kernel<true, true> : accumulate_kernel<true, false>)
                                    : (p.assign ? accumulate_kernel<false, true> : accumulate_kernel<false, false>);
   const cudaError_t err = for_each_batch<2>({&p.bufs, &p.grads}, [&](const ListMeta<2>& meta, unsigned blocks) {
     kernel<<<blocks, kBlockThreads, 0, stream>>>(meta, args);
   });
   if (err != cudaSuccess || !p.final_step) return err;
-  // The final step's norm only needs the total: no chunk -> tensor map.
+  // The final step's partial only needs the total: no chunk -> tensor map; added into *norm_acc.
   return launch_finalize(NormWorkspace<float>{args.partials, nullptr}, total_chunks(p.bufs), p.norm_kind, 2.0,
-                         p.norm_out, static_cast<float*>(nullptr), 0, stream);
+                         p.norm_acc, static_cast<float*>(nullptr), 0, stream, true);
 }
 
 size_t norm_workspace_bytes(const NormParams& p) {

@@ -41,12 +41,11 @@ void accumulate_cuda(const TensorList& bufs, const TensorList& grads, double alp
 }
 
 void accumulate_final_cuda(const TensorList& bufs, const TensorList& grads, double alpha,
-                           const std::optional<Tensor>& alpha_tensor, bool assign,
-                           const std::optional<Tensor>& inv_scale, const Tensor& found_inf,
-                           const Tensor& norm_out, double norm_type) {
-  // Even an empty list writes norm_out (0), so the device comes from found_inf.
+                           const std::optional<Tensor>& alpha_tensor, bool assign, const Tensor& found_inf,
+                           const Tensor& norm_acc, double norm_type) {
+  // An empty list adds nothing: the device comes from found_inf, which is always given.
   run_accumulate(binding::accumulate_final_params("gradacc.accumulate_final_", bufs, grads, alpha, alpha_tensor,
-                                                  assign, inv_scale, found_inf, norm_out, norm_type),
+                                                  assign, found_inf, norm_acc, norm_type),
                  found_inf.device());
 }
 

@@ -1,5 +1,5 @@
-// bufs[i] = (assign ? 0 : bufs[i]) + alpha * grads[i], and the final micro-step
-// (times inv_scale, found-inf flag, norm partial per chunk). Torch-free.
+// bufs[i] = (assign ? 0 : bufs[i]) + alpha * grads[i], and a bucket of the window's last fold
+// (found-inf flag, norm partial per chunk, added into the running partial). Torch-free.
 // Same element math, in the same order, as cpu::accumulate.
 #pragma once
 
@@ -9,10 +9,9 @@
 namespace gradacc::cuda {
 
 struct AccumulateArgs {
-  const float* alpha_ptr;      // optional device scalar, multiplies alpha
-  const float* inv_scale_ptr;  // optional (final step)
-  float* found_inf;            // final step
-  NormAcc* partials;           // final step: one per global chunk
+  const float* alpha_ptr;  // optional device scalar, multiplies alpha
+  float* found_inf;        // final step
+  NormAcc* partials;       // final step: one per global chunk
   float alpha;
 };
 static_assert(sizeof(ListMeta<2>) + sizeof(AccumulateArgs) <= kParamLimit, "accumulate kernel parameters");
@@ -25,7 +24,6 @@ __global__ void __launch_bounds__(kBlockThreads, 3)
     accumulate_kernel(const __grid_constant__ ListMeta<2> meta, const AccumulateArgs args) {
   const BlockChunk c = block_chunk(meta);
   const float alpha = args.alpha_ptr ? mul_rn(args.alpha, *args.alpha_ptr) : args.alpha;
-  const float inv_scale = kFinal && args.inv_scale_ptr ? *args.inv_scale_ptr : 1.0f;
   NormAcc acc = norm_acc_init();
   bool bad = false;
 
@@ -43,14 +41,12 @@ __global__ void __launch_bounds__(kBlockThreads, 3)
 #pragma unroll
       for (int k = 0; k < W; ++k) {
         const float gv = Elem<G>::load(g[k]);
+        b[k] = Elem<B>::store(accumulate_value(Elem<B>::load(b[k]), gv, alpha, kAssign));
         if constexpr (kFinal) {
-          b[k] = Elem<B>::store(accumulate_final_value(Elem<B>::load(b[k]), gv, alpha, kAssign, inv_scale));
           // Statistics describe the value as stored, like the CPU kernel.
           const float s = Elem<B>::load(b[k]);
           bad |= !is_finite(s);
           acc = norm_acc_add(acc, s);
-        } else {
-          b[k] = Elem<B>::store(accumulate_value(Elem<B>::load(b[k]), gv, alpha, kAssign));
         }
       }
       store_raw<W>(buf + i, b);

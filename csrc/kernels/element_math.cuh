@@ -202,11 +202,6 @@ GRADACC_HD float accumulate_value(float buf, float grad, float alpha, bool assig
   return assign ? scaled : add_rn(buf, scaled);
 }
 
-// Final micro-step: the accumulated value, then the inverse loss scale.
-GRADACC_HD float accumulate_final_value(float buf, float grad, float alpha, bool assign, float inv_scale) {
-  return mul_rn(accumulate_value(buf, grad, alpha, assign), inv_scale);
-}
-
 // torch.clamp(x, -v, v): max with -v, then min with v, so a negative v (an
 // empty range) gives v everywhere, as torch does; NaN stays NaN. float or double.
 template <typename A>
@@ -344,6 +339,12 @@ GRADACC_HD A norm_acc_result(NormAccT<A> a, NormKind kind, double p = 2.0) {
     case NormKind::kP: return A(pow_d(double(a.sumsq), 1.0 / p));
     default: return Arith<A>::sqrt(a.sumsq);
   }
+}
+
+// The accumulate final step's running partial (kL2 or kInf), with one call's statistics added: the sum of
+// squares, or the max |x| (NaN-propagating; the partial is >= 0 or NaN). Buckets add in fold order.
+GRADACC_HD float norm_partial_add(float partial, NormAcc a, NormKind kind) {
+  return kind == NormKind::kInf ? max_abs_nan(partial, a.maxabs) : add_rn(partial, a.sumsq);
 }
 
 // An element of any list dtype as accumulator type A. A float64 element

@@ -5,8 +5,10 @@
 // tensor in chunk_tensor. Pass 2 (norm_finalize_kernel, one launch): block 0
 // merges every partial into the total, block 1 + t merges tensor t's chunks.
 // Fixed per-thread order and fixed reduction trees, no float atomics: the
-// result is bitwise reproducible. The accumulate final step reuses pass 2.
+// result is bitwise reproducible. The accumulate final step reuses pass 2 (adding into its running partial).
 #pragma once
+
+#include <type_traits>
 
 #include "dispatch.cuh"
 #include "multi_tensor.cuh"
@@ -75,10 +77,12 @@ __device__ __forceinline__ int64_t lower_bound(const int32_t* keys, int64_t n, i
 
 // Grid: 1 block for the total, plus one per tensor when per_tensor_out is set
 // (then chunk_tensor must be filled). With no chunks at all every output is 0.
+// add_to_total (the accumulate final step; fp32 kL2/kInf): *total_out is a running partial, and the
+// statistic is added into it (norm_partial_add) instead of the norm overwriting it.
 template <typename A>
 __global__ void __launch_bounds__(kBlockThreads)
     norm_finalize_kernel(const NormAccT<A>* partials, const int32_t* chunk_tensor, int64_t num_chunks, NormKind kind,
-                         double p, A* total_out, A* per_tensor_out) {
+                         double p, A* total_out, A* per_tensor_out, bool add_to_total) {
   int64_t begin = 0, end = num_chunks;
   if (blockIdx.x > 0) {
     const int32_t t = int32_t(blockIdx.x - 1);
@@ -89,6 +93,12 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int64_t i = begin + threadIdx.x; i < end; i += kBlockThreads) acc = norm_acc_merge(acc, partials[i], kind);
   acc = block_reduce(acc, kind);
   if (threadIdx.x != 0) return;
+  if constexpr (std::is_same_v<A, float>) {
+    if (add_to_total) {
+      *total_out = norm_partial_add(*total_out, acc, kind);
+      return;
+    }
+  }
   const A result = norm_acc_result(acc, kind, p);
   if (blockIdx.x == 0) *total_out = result;
   else per_tensor_out[blockIdx.x - 1] = result;

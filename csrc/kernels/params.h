@@ -21,8 +21,9 @@ struct Span {
 };
 
 // bufs[i] = (assign ? 0 : bufs[i]) + alpha * (*alpha_ptr) * grads[i]
-// With `final_step`, additionally: multiply by *inv_scale_ptr, raise
-// *found_inf to 1 on a non-finite result and write the norm of the results.
+// With `final_step` (a bucket of the window's last fold), additionally: raise *found_inf to 1 on a
+// non-finite result and ADD the results' partial norm into *norm_acc: their sum of squares (kL2) or
+// max |x| (kInf, NaN-propagating). The results stay scaled; the caller takes sqrt and inv_scale once.
 struct AccumulateParams {
   std::vector<Span> bufs;
   std::vector<Span> grads;  // same length and numel as bufs
@@ -31,9 +32,8 @@ struct AccumulateParams {
   bool assign = false;
 
   bool final_step = false;
-  const float* inv_scale_ptr = nullptr;  // optional
-  float* found_inf = nullptr;            // required when final_step
-  float* norm_out = nullptr;             // required when final_step
+  float* found_inf = nullptr;  // required when final_step
+  float* norm_acc = nullptr;   // required when final_step: the running partial, added to
   NormKind norm_kind = NormKind::kL2;
 };
 

@@ -65,7 +65,7 @@ class Backprop:
         weigh = not self.sync.weights_micro_batches and not (isinstance(weight, float) and weight == 1.0)
         backpropagated, weight = (weigh_loss(scaled, weight), 1.0) if weigh else (scaled, weight)
         self.discarded = False
-        self.sums.begin()
+        self.sums.begin(last=final)  # the window's last micro-step: its folds gather the norm (fold_norm.py)
         # False: the wrapper reduces straight into the buffers (DDP overlap's closing backward); no folding.
         folds = self.sync.before_backward(final, self.buffers)
         if folds:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -36,6 +36,9 @@ from ..ops.constants import DEFAULT_EPS, HALF_DTYPES
 from ..optim.shards import is_sharded
 from . import param_grads
 from .window_sums import WindowSums
+
+if TYPE_CHECKING:
+    from .fold_norm import FoldNorm
 
 ALIGN = 16  # bytes: one 128-bit vector load; the CUDA kernels' vector width and the CPU's SSE/NEON width
 
@@ -158,17 +161,26 @@ class GradBuffers:
     # -- per micro-step (called by WindowSums, which decides assign) ----------------------------------------------
 
     def accumulate(
-        self, index: Sequence[int], grads: Sequence[torch.Tensor], scale: float | torch.Tensor, *, assign: bool
+        self,
+        index: Sequence[int],
+        grads: Sequence[torch.Tensor],
+        scale: float | torch.Tensor,
+        *,
+        assign: bool,
+        norm: FoldNorm | None = None,
     ) -> None:
-        """views[index] = (or +=, assign=False) scale * grads, in one multi-tensor launch."""
+        """views[index] = (or +=, assign=False) scale * grads, in one multi-tensor launch; with `norm` (the window's
+        last fold) the same pass adds the results' partial norm and found-inf flag into it."""
         self._ensure()
-        self.ops.accumulate_(
-            [self.views[i] for i in index],
-            [_dense(self._local(g), self.params[i]) for i, g in zip(index, grads, strict=True)],
-            scale,
-            assign=assign,
-            backend=self.backend,
-        )
+        views = [self.views[i] for i in index]
+        grads = [_dense(self._local(g), self.params[i]) for i, g in zip(index, grads, strict=True)]
+        if norm is None:
+            self.ops.accumulate_(views, grads, scale, assign=assign, backend=self.backend)
+        else:
+            self.ops.accumulate_final_(
+                views, grads, norm.found_inf, norm.partial, scale,
+                assign=assign, norm_type=norm.norm_type, backend=self.backend,
+            )  # fmt: skip
 
     # -- window end -------------------------------------------------------------------------------------------------
 
@@ -182,6 +194,12 @@ class GradBuffers:
     def norm(self, norm_type: float) -> torch.Tensor:
         """The norm of the window's sums as they stand (read-only)."""
         return self.ops.global_norm(self.window_views(), norm_type, backend=self.backend)
+
+    def norm_after_fold(self, fold: FoldNorm) -> torch.Tensor:
+        """The norm of the window's sums as they stand, from the last fold's partials and a norm pass over only
+        the views that fold did not write (read-only)."""
+        rest = [self.views[i] for i in self.sums.indices() if i not in fold.folded]
+        return fold.norm(self.ops.global_norm(rest, fold.norm_type, backend=self.backend) if rest else None)
 
     def unscale_and_norm(
         self, inv_scale: torch.Tensor, found_inf: torch.Tensor, norm_out: torch.Tensor, norm_type: float

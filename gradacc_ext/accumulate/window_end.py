@@ -5,9 +5,13 @@ device tensor inv_scale = 1 / (loss_scale * normaliser), after the last micro-st
 folded its gradients. Clipping acts on the fully accumulated, unscaled gradient.
 
 Two ways through the same sequence:
-  fused (config.fused_step, gradacc_ext.optim.fused_step_for): a read-only norm pass over the sums,
+  fused (config.fused_step, gradacc_ext.optim.fused_step_for): the norm of the sums as they stand,
     then ONE optimizer pass whose grad_mult = inv_scale x clip coefficient is a device scalar: no
-    unscale pass, no clip pass, no param.grad, no host sync;
+    unscale pass, no clip pass, no param.grad, no host sync. In one process with norm type 2 or inf
+    the window's last fold gathered the norm's partials as it wrote the sums (fold_norm.py): only the
+    views it did not write take a read-only norm pass, so the step reads each buffer once. Elsewhere
+    (another order, data parallel: the sums are final only after the window's reduce, a flush()ed
+    window whose last fold did not know it was last) the norm is a read-only pass over the sums;
   separate passes (any other optimizer, clip_value, float64 buffers): unscale and norm in one pass,
     clip in place, then param.grad = the buffers and optimizer.step() (or, where the optimizer takes the
     fused step, that step with no multiplier).
@@ -24,6 +28,7 @@ from ..ops.constants import DEFAULT_EPS
 from ..optim.fused_step import FusedStep, fused_step_for
 from .buffers import GradBuffers
 from .config import GradientAccumulationConfig
+from .fold_norm import FOLD_NORM_TYPES
 from .loss_scale import LossScale
 from .stats import AccumulatorStats
 from .stepper import OptimizerStepper
@@ -55,6 +60,10 @@ class WindowEnd:
         # clip_value clamps the unscaled elements, and the op's grad_mult is fp32: float64 buffers are unscaled
         # and clipped in float64 first (~1e-12 agreement), then stepped with no multiplier.
         self.separate_passes = self.tail is None or config.clip_value is not None or self.scalar_dtype == torch.float64
+        # The last fold gathers the norm where the sums are final at that fold: one process (a data-parallel
+        # strategy reduces the sums after it), and the fused step (the separate passes unscale first).
+        if not self.separate_passes and not sync.reduces and config.norm_type in FOLD_NORM_TYPES:
+            buffers.sums.fold_norm_type = float(config.norm_type)
 
     def close(self, window: Window) -> None:
         """Applies `window` (its gradients all folded into the buffers) and starts the next one."""
@@ -71,9 +80,11 @@ class WindowEnd:
         if self.separate_passes:
             b.unscale_and_norm(inv_scale, self.found_inf, self.norm, c.norm_type)
         else:  # read-only: the sums stay scaled, the norm and the flag are the unscaled gradient's
-            raw = b.norm(c.norm_type).reshape(1)
+            fold = b.sums.last_fold()
+            raw = (b.norm(c.norm_type) if fold is None else b.norm_after_fold(fold)).reshape(1)
             self.norm.copy_(raw * inv_scale)
-            self.found_inf.copy_((~torch.isfinite(raw)).reshape(self.found_inf.shape))
+            nonfinite = ~torch.isfinite(raw) if fold is None else (~torch.isfinite(raw)) | (fold.found_inf != 0)
+            self.found_inf.copy_(nonfinite.reshape(self.found_inf.shape))
         self.sync.global_norm(self.norm, self.found_inf, c.norm_type)  # sharded buffers: norm across shards
         self._skip_nonfinite_norm()
         # 3. the multiplier: scale^-1 x normaliser x clip (applied here, or folded into the fused step)

@@ -17,7 +17,9 @@ Then rollback() discards the window's sums and says so; the caller resets the wi
 the adaptive accumulator rebuilds the window by running its micro-batches again (adaptive.py).
 
 The open micro-step's log (`_first`, `_exact`, emptied by `_clear_log`) is the place for any other
-per-micro-step partial state that must be kept or dropped together with the sums.
+per-micro-step partial state that must be kept or dropped together with the sums: the window's last
+micro-step's norm partials (fold_norm.py) live there, so a rolled-back last micro-step drops them
+with its writes. Unlike the rest of the log they outlive commit(): the window end reads them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
+
+from .fold_norm import FoldNorm
 
 if TYPE_CHECKING:
     from .buffers import GradBuffers
@@ -40,6 +44,9 @@ class WindowSums:
         # alive after the accumulator is dropped (until a garbage collection).
         self.buffers: GradBuffers = weakref.proxy(buffers)
         self._written = [False] * len(buffers.params)
+        # The norm order the window's last fold gathers partials of (WindowEnd sets it where they are final
+        # at that fold: one process, the fused step, norm type 2 or inf); None: the window end's full pass.
+        self.fold_norm_type: float | None = None
         self._clear_log()
 
     # -- reading ----------------------------------------------------------------------------------------------------
@@ -61,20 +68,34 @@ class WindowSums:
         """Whether `tensor` is parameter i's view (allocates nothing)."""
         return bool(self.buffers.views) and tensor is self.buffers.views[i]
 
+    def last_fold(self) -> FoldNorm | None:
+        """The committed last micro-step's norm partials, if it gathered them and none went stale."""
+        norm = self._norm
+        return norm if norm is not None and not norm.stale else None
+
     # -- one micro-step ---------------------------------------------------------------------------------------------
 
-    def begin(self) -> None:
-        """A micro-step starts: what the views hold now is what rollback() returns to."""
+    def begin(self, last: bool = False) -> None:
+        """A micro-step starts: what the views hold now is what rollback() returns to.
+
+        last: it closes the window, so its folds gather the norm's partials (where fold_norm_type is set).
+        """
         self._clear_log()
+        if last and self.fold_norm_type is not None:
+            self._norm = FoldNorm(self.fold_norm_type, self.buffers.device)
 
     def add(self, index: Sequence[int], grads: Sequence[torch.Tensor], scale: float | torch.Tensor) -> None:
         """views[index] += scale * grads (distinct indices); a view's first gradient of the window is assigned."""
         first = [k for k, i in enumerate(index) if not self._written[i]]
         again = [k for k, i in enumerate(index) if self._written[i]]
         self._adding_to(index[k] for k in again)
+        if self._norm is not None:
+            self._norm.folding(index)
         for part, assign in ((first, True), (again, False)):
             if part:
-                self.buffers.accumulate([index[k] for k in part], [grads[k] for k in part], scale, assign=assign)
+                self.buffers.accumulate(
+                    [index[k] for k in part], [grads[k] for k in part], scale, assign=assign, norm=self._norm
+                )
         self._mark(index[k] for k in first)
 
     def write_directly(self, i: int) -> tuple[torch.Tensor, float]:
@@ -83,6 +104,8 @@ class WindowSums:
         beta 0.0: assign (the window's first write to it); 1.0: add to what it holds.
         """
         view = self.view(i)
+        if self._norm is not None:
+            self._norm.rewritten(i)
         again = self._written[i]
         if again:
             self._adding_to([i])
@@ -95,8 +118,10 @@ class WindowSums:
         self._exact = False
 
     def commit(self) -> None:
-        """The micro-step's backward finished: its writes are part of the window."""
+        """The micro-step's backward finished: its writes are part of the window (its norm partials stay)."""
+        norm = self._norm
         self._clear_log()
+        self._norm = norm
 
     def rollback(self) -> bool:
         """The micro-step's backward failed: restore the last commit (True), or, where that cannot be exact,
@@ -113,6 +138,7 @@ class WindowSums:
         """Empties the open micro-step's log: what rollback() undoes (per-micro-step partial state goes here too)."""
         self._first: set[int] = set()  # views the open micro-step wrote first: undone by unmarking them
         self._exact = True  # whether rollback() can restore the last commit (no earlier sum was added to)
+        self._norm: FoldNorm | None = None  # the window's last micro-step's norm partials (fold_norm.py)
 
     def _mark(self, index: Iterable[int]) -> None:
         for i in index:

@@ -21,6 +21,8 @@ from collections.abc import Callable
 import torch
 
 from .. import ops
+from ..ops import reference
+from ..ops.constants import DEFAULT_EPS
 from .operations import Operation
 from .state import GradState
 
@@ -95,8 +97,13 @@ def _gradacc_impl(op: Operation, backend: str) -> Impl:
     if op.key in ("tail", "tail_adamw"):
 
         def tail(s: GradState) -> torch.Tensor:
-            ops.accumulate_final_(s.bufs, s.grads, s.found_inf, s.norm_out, inv_scale=s.inv_scale, backend=backend)
-            ops.clip_by_norm_(s.bufs, s.norm_out, s.max_norm, backend=backend)
+            # The last fold adds the sums' sum of squares as it writes them (left scaled); then one pass applies
+            # inv_scale x the clip coefficient: the unscale and the clip, as the accumulator's window end does.
+            s.norm_out.zero_()
+            ops.accumulate_final_(s.bufs, s.grads, s.found_inf, s.norm_out, backend=backend)
+            s.norm_out.copy_(s.norm_out.sqrt() * s.inv_scale)
+            mult = s.inv_scale * reference.clip_coefficient(s.norm_out, s.max_norm, DEFAULT_EPS)
+            ops.unscale_(s.bufs, mult.reshape(1), s.found_inf, backend=backend)
             return s.norm_out
 
         return tail

@@ -79,11 +79,15 @@ def _accumulate(x: Inputs, case: str, backend: str) -> list[torch.Tensor]:
 
 
 def _accumulate_final(x: Inputs, case: str, backend: str) -> list[torch.Tensor]:
+    """Two buckets of a last fold adding into one running sum of squares (from 0.5), and an inf partial."""
     buf_dtype, grad_dtype = PAIRS[case]
-    bufs, grads = x.tensors(buf_dtype), x.tensors(grad_dtype)
-    found, norm = x.scalar(0.0, (1,)), x.scalar(0.0)
-    ops.accumulate_final_(bufs, grads, found, norm, 0.5, inv_scale=x.scalar(0.25), backend=backend)
-    return [*bufs, found, norm]
+    bufs, grads, more = x.tensors(buf_dtype), x.tensors(grad_dtype), x.tensors(buf_dtype)
+    found, sumsq, peak = x.scalar(0.0, (1,)), x.scalar(0.5), x.scalar(0.5)
+    half = len(bufs) // 2
+    ops.accumulate_final_(bufs[:half], grads[:half], found, sumsq, 0.5, backend=backend)
+    ops.accumulate_final_(bufs[half:], grads[half:], found, sumsq, x.scalar(0.25, (1,)), assign=True, backend=backend)
+    ops.accumulate_final_(more, grads, found, peak, 0.5, norm_type=float("inf"), backend=backend)
+    return [*bufs, *more, found, sumsq, peak]
 
 
 def _global_norm(x: Inputs, case: str, backend: str) -> list[torch.Tensor]:

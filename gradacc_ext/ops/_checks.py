@@ -139,7 +139,7 @@ def check_scalar(op: str, arg: str, t: torch.Tensor | None, device: torch.device
 
 
 def check_fast_norm_type(op: str, norm_type: float) -> None:
-    """The accumulate final step's norm rides beside its found-inf flag: L2 or inf only."""
+    """The accumulate final step's partial norm adds across calls: L2 (sum of squares) or inf (max) only."""
     if not (norm_type == 2.0 or norm_type == math.inf):
         raise ValueError(f"{op}: norm_type must be 2.0 or inf, got {num(norm_type)}")
 
@@ -219,17 +219,14 @@ def check_accumulate_final(
     grads: Sequence[torch.Tensor],
     alpha: float,
     alpha_tensor: torch.Tensor | None,
-    inv_scale: torch.Tensor | None,
     found_inf: torch.Tensor,
-    norm_out: torch.Tensor,
+    norm_acc: torch.Tensor,
     norm_type: float,
 ) -> None:
     check_accumulate(op, bufs, grads, alpha, alpha_tensor)
-    device = list_device(list(bufs) or list(grads), norm_out)
+    device = list_device(list(bufs) or list(grads), norm_acc)
     check_scalar(op, "found_inf", found_inf, device)
-    check_scalar(op, "norm_out", norm_out, device)
-    if inv_scale is not None:
-        check_scalar(op, "inv_scale", inv_scale, device)
+    check_scalar(op, "norm_acc", norm_acc, device)
     check_fast_norm_type(op, float(norm_type))
 
 

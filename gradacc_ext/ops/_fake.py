@@ -24,9 +24,9 @@ def register() -> None:
         _checks.check_accumulate("gradacc.accumulate_", bufs, grads, alpha, alpha_tensor)
 
     @torch.library.register_fake("gradacc::accumulate_final_")
-    def _accumulate_final(bufs, grads, alpha, alpha_tensor, assign, inv_scale, found_inf, norm_out, norm_type) -> None:
+    def _accumulate_final(bufs, grads, alpha, alpha_tensor, assign, found_inf, norm_acc, norm_type) -> None:
         _checks.check_accumulate_final(
-            "gradacc.accumulate_final_", bufs, grads, alpha, alpha_tensor, inv_scale, found_inf, norm_out, norm_type
+            "gradacc.accumulate_final_", bufs, grads, alpha, alpha_tensor, found_inf, norm_acc, norm_type
         )
 
     @torch.library.register_fake("gradacc::global_norm")

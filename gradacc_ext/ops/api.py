@@ -14,7 +14,6 @@ host, so all are CUDA-graph capturable on the compiled path.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Literal
@@ -151,44 +150,40 @@ def accumulate_final_(
     bufs: Iterable[torch.Tensor],
     grads: Iterable[torch.Tensor],
     found_inf: torch.Tensor,
-    norm_out: torch.Tensor,
+    norm_acc: torch.Tensor,
     scale: float | torch.Tensor = 1.0,
     *,
-    inv_scale: torch.Tensor | None = None,
     assign: bool = False,
     norm_type: float = 2.0,
     backend: Backend = "auto",
 ) -> None:
-    """The final micro-step in one pass over memory.
+    """One bucket of a window's last fold, in one pass over memory: accumulate_ plus the norm's partial.
 
-    bufs[i] = ((assign ? 0 : bufs[i]) + scale * grads[i]) * inv_scale; then
-    found_inf (one-element float32) is set to 1 if any result is non-finite
-    (never cleared), and norm_out receives the results' global norm of order
-    norm_type: any order global_norm takes. 2 and inf ride in the same pass;
-    another order is a second pass over the results (global_norm).
+    bufs[i] = (assign ? 0 : bufs[i]) + scale * grads[i], as accumulate_; then found_inf (one-element
+    float32) is set to 1 if any stored result is non-finite (never cleared), and the results' partial
+    norm is ADDED into norm_acc (one-element float32): their sum of squares for norm_type 2, their
+    max |x| for inf (NaN propagates). The results stay as stored (scaled): called once per bucket, the
+    calls' partials add up to the folded views' statistic, whose norm is sqrt(sum) (or the max), times
+    any inverse loss scale. Only 2 and inf have a partial that adds; another order is refused.
     """
     op = "gradacc.accumulate_final_"
     bufs, grads = _as_list(bufs, "bufs"), _as_list(grads, "grads")
     _aliasing.check_leaves(op, bufs=bufs)
     alpha, alpha_tensor = _split_scale(scale)
-    device = _checks.list_device(bufs or grads, norm_out)
-    p = float(norm_type)
-    _checks.check_norm_type(op, p)  # here, for both backends: the kernels take 2 and inf only
-    in_pass = p if p in (2.0, math.inf) else 2.0  # the order the one-pass kernel measures
+    device = _checks.list_device(bufs or grads, norm_acc)
+    norm_type = float(norm_type)
 
     def validate() -> None:
         _defined(op, bufs=bufs, grads=grads)
         _aliasing.check_disjoint(op, {"bufs": bufs}, {"grads": grads}, in_place_pairs=True)
-        _checks.check_accumulate_final(op, bufs, grads, alpha, alpha_tensor, inv_scale, found_inf, norm_out, in_pass)
-        outputs = {"bufs": bufs, "found_inf": found_inf, "norm_out": norm_out}
-        inputs = {"grads": grads, "alpha_tensor": alpha_tensor, "inv_scale": inv_scale}
+        _checks.check_accumulate_final(op, bufs, grads, alpha, alpha_tensor, found_inf, norm_acc, norm_type)
+        outputs = {"bufs": bufs, "found_inf": found_inf, "norm_acc": norm_acc}
+        inputs = {"grads": grads, "alpha_tensor": alpha_tensor}
         _aliasing.check_scalars_disjoint(op, outputs, inputs)
 
-    empty = norm_out.zero_ if not bufs and not grads else None  # the norm of nothing is 0
-    args = (bufs, grads, alpha, alpha_tensor, assign, inv_scale, found_inf, norm_out, in_pass)
+    empty = _nothing if not bufs and not grads else None  # nothing folded adds nothing
+    args = (bufs, grads, alpha, alpha_tensor, assign, found_inf, norm_acc, norm_type)
     _run("accumulate_final_", device, backend, validate, args, empty)
-    if in_pass != p and bufs:
-        norm_out.copy_(global_norm(bufs, p, backend=backend).reshape(norm_out.shape))
 
 
 def global_norm(

@@ -73,25 +73,25 @@ def accumulate_final_(
     alpha: float,
     alpha_tensor: torch.Tensor | None,
     assign: bool,
-    inv_scale: torch.Tensor | None,
     found_inf: torch.Tensor,
-    norm_out: torch.Tensor,
+    norm_acc: torch.Tensor,
     norm_type: float,
 ) -> None:
-    stored = []
-    for buf, grad in zip(bufs, grads, strict=True):
-        dtype = _compute_dtype(buf, grad)
-        value = _accumulated(buf, grad, _alpha(alpha, alpha_tensor, dtype), assign, dtype)
-        if inv_scale is not None:
-            value = value * inv_scale.reshape(()).to(dtype)
-        buf.copy_(value)
-        stored.append(buf)  # statistics describe what was stored, as in the kernels
-    dtype = _compute_dtype(norm_out, *stored)
-    nonfinite = [(~torch.isfinite(b)).any() for b in stored]
-    if nonfinite:
-        flag = torch.stack(nonfinite).any()
-        found_inf.copy_(torch.where(flag, torch.ones_like(found_inf), found_inf))
-    norm_out.copy_(_norm_of(stored, norm_type, dtype, norm_out.device).reshape(norm_out.shape))
+    accumulate_(bufs, grads, alpha, alpha_tensor, assign)
+    stored = [b for b in bufs if b.numel()]  # statistics describe what was stored, as in the kernels
+    if not stored:
+        return
+    flag = torch.stack([(~torch.isfinite(b)).any() for b in stored]).any()
+    found_inf.copy_(torch.where(flag, torch.ones_like(found_inf), found_inf))
+    dtype = _compute_dtype(norm_acc, *stored)
+    # The partial: the sum of squares (2) or max |x| (inf) of what was stored, added into norm_acc.
+    if norm_type == math.inf:
+        part = torch.stack([b.to(dtype).abs().amax() for b in stored]).amax()
+        total = torch.maximum(norm_acc.reshape(()).to(dtype), part)  # NaN propagates, as in the kernels
+    else:
+        part = torch.stack([b.to(dtype).square().sum() for b in stored]).sum()
+        total = norm_acc.reshape(()).to(dtype) + part
+    norm_acc.copy_(total.reshape(norm_acc.shape))
 
 
 def global_norm(

@@ -52,7 +52,7 @@ class Emulator:
         self.lib = ctypes.CDLL(str(lib))
         self.lib.emu_accumulate.argtypes = [
             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, _FLOAT_P, ctypes.c_int, ctypes.c_int,
-            _FLOAT_P, _FLOAT_P, _FLOAT_P, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
+            _FLOAT_P, _FLOAT_P, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
         ]  # fmt: skip
         self.lib.emu_norm.argtypes = [
             _VOID_P, ctypes.c_int64, ctypes.c_int, ctypes.c_double, ctypes.c_int, _VOID_P, _VOID_P, ctypes.c_char_p,
@@ -82,11 +82,11 @@ class Emulator:
             raise RuntimeError(f"emulated launch failed ({rc}): {err.value.decode()}")
 
     def accumulate_(self, bufs, grads, alpha: float, alpha_tensor=None, assign=False, final=None) -> None:
-        """final: None, or (inv_scale or None, found_inf, norm_out, norm_type) for the final step."""
-        inv_scale, found_inf, norm_out, norm_type = final or (None, None, None, 2.0)
+        """final: None, or (found_inf, norm_acc, norm_type) for a bucket of the last fold (adds into norm_acc)."""
+        found_inf, norm_acc, norm_type = final or (None, None, 2.0)
         self._call(
             self.lib.emu_accumulate, _spans(bufs), _spans(grads), len(bufs), alpha, _ptr(alpha_tensor), int(assign),
-            int(final is not None), _ptr(inv_scale), _ptr(found_inf), _ptr(norm_out), _norm_kind(norm_type),
+            int(final is not None), _ptr(found_inf), _ptr(norm_acc), _norm_kind(norm_type),
         )  # fmt: skip
 
     def global_norm(self, tensors, norm_type: float, per_tensor: bool) -> tuple[torch.Tensor, torch.Tensor]:

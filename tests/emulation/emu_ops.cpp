@@ -21,8 +21,8 @@ int emu_meta_capacity(int depth) {
 }
 
 int emu_accumulate(const EmuSpan* bufs, const EmuSpan* grads, int64_t n, float alpha, const float* alpha_ptr,
-                   int assign, int final_step, const float* inv_scale_ptr, float* found_inf, float* norm_out,
-                   int norm_kind, char* err, size_t err_len) {
+                   int assign, int final_step, float* found_inf, float* norm_acc, int norm_kind, char* err,
+                   size_t err_len) {
   gradacc::AccumulateParams p;
   p.bufs = spans(bufs, n);
   p.grads = spans(grads, n);
@@ -30,9 +30,8 @@ int emu_accumulate(const EmuSpan* bufs, const EmuSpan* grads, int64_t n, float a
   p.alpha_ptr = alpha_ptr;
   p.assign = assign != 0;
   p.final_step = final_step != 0;
-  p.inv_scale_ptr = inv_scale_ptr;
   p.found_inf = found_inf;
-  p.norm_out = norm_out;
+  p.norm_acc = norm_acc;
   p.norm_kind = NormKind(norm_kind);
   auto ws = workspace(gradacc::cuda::accumulate_workspace_bytes(p));
   return finish(gradacc::cuda::launch_accumulate(p, ws.data(), nullptr), err, err_len);

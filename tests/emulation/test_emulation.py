@@ -83,19 +83,18 @@ def make_lists(grad_dtype, buf_dtype, numels, gen, unaligned=False):
     return bufs, grads
 
 
-def run_accumulate(target, bufs, grads, mode, alpha, alpha_t, inv_scale):
-    """Runs `mode` on target (the Emulator, or "ext" for the CPU kernels); returns (found_inf, norm_out)."""
-    found, norm = torch.zeros(1), torch.full((), math.nan)
+def run_accumulate(target, bufs, grads, mode, alpha, alpha_t, norm_start):
+    """Runs `mode` on target (the Emulator, or "ext" for the CPU kernels); returns (found_inf, norm_acc)."""
+    found, norm = torch.zeros(1), torch.full((), norm_start)
     assign = mode in ("assign_tensor", "final_inf_assign")
     a_t = alpha_t if mode == "assign_tensor" else None
     final = mode.startswith("final")
-    inv = inv_scale if mode == "final_l2" else None
     norm_type = math.inf if mode == "final_inf_assign" else 2.0
     if isinstance(target, Emulator):
-        target.accumulate_(bufs, grads, alpha, a_t, assign, (inv, found, norm, norm_type) if final else None)
+        target.accumulate_(bufs, grads, alpha, a_t, assign, (found, norm, norm_type) if final else None)
     elif final:
-        gradacc_ext.accumulate_final_(bufs, grads, found, norm, alpha, inv_scale=inv, assign=assign,
-                                      norm_type=norm_type, backend="ext")  # fmt: skip
+        gradacc_ext.accumulate_final_(bufs, grads, found, norm, alpha, assign=assign, norm_type=norm_type,
+                                      backend="ext")  # fmt: skip
     else:
         gradacc_ext.accumulate_(bufs, grads, alpha_t * alpha if a_t is not None else alpha, assign=assign,
                                 backend="ext")  # fmt: skip
@@ -109,23 +108,24 @@ def test_accumulate(emu, gen, grad_dtype, buf_dtype, mode, layout):
     bufs, grads = make_lists(grad_dtype, buf_dtype, ODD_SIZES, gen, unaligned=layout == "unaligned")
     alpha = 0.25 + torch.rand((), generator=gen).item()
     alpha_t = torch.full((), 0.5 + torch.rand((), generator=gen).item())
-    inv_scale = torch.full((), 2.0**-7)
+    norm_start = 4.0  # an earlier bucket's partial: this call adds to it (sum of squares, or max)
     assign = mode in ("assign_tensor", "final_inf_assign")
     eff_alpha = alpha * (alpha_t.item() if mode == "assign_tensor" else 1.0)
-    inv = inv_scale.item() if mode == "final_l2" else 1.0
     b64, g64 = f64(bufs), f64(grads)
-    want = [((0 if assign else b) + eff_alpha * g) * inv for b, g in zip(b64, g64, strict=True)]
-    mag = [((0 if assign else b.abs()) + (eff_alpha * g).abs()) * inv for b, g in zip(b64, g64, strict=True)]
+    want = [(0 if assign else b) + eff_alpha * g for b, g in zip(b64, g64, strict=True)]
+    mag = [(0 if assign else b.abs()) + (eff_alpha * g).abs() for b, g in zip(b64, g64, strict=True)]
     cpu_bufs = [b.clone() for b in bufs]
 
-    found, norm = run_accumulate(emu, bufs, grads, mode, alpha, alpha_t, inv_scale)
+    found, norm = run_accumulate(emu, bufs, grads, mode, alpha, alpha_t, norm_start)
 
     assert_close_list(bufs, want, mag, 4, "bufs")
     if mode.startswith("final"):
         assert found.item() == 0.0
-        assert_norm_close(norm, bufs, math.inf if mode == "final_inf_assign" else 2.0, "norm_out")
+        l2 = mode == "final_l2"
+        start = torch.full((1,), math.sqrt(norm_start) if l2 else norm_start)  # the partial it started from
+        assert_norm_close(norm.sqrt() if l2 else norm, [*bufs, start], 2.0 if l2 else math.inf, "norm_acc")
     if HAS_CPU_KERNELS:
-        cpu_found, _ = run_accumulate("ext", cpu_bufs, grads, mode, alpha, alpha_t, inv_scale)
+        cpu_found, _ = run_accumulate("ext", cpu_bufs, grads, mode, alpha, alpha_t, norm_start)
         assert_matches_cpu_kernels(bufs, cpu_bufs, "bufs vs CPU kernels")
         assert found.item() == cpu_found.item()
 
@@ -150,8 +150,8 @@ def test_accumulate_with_one_list_misaligned(emu, gen, which):
 def test_accumulate_final_flags_an_overflow(emu, gen):
     bufs, grads = make_lists(F16, F16, ODD_SIZES, gen)
     grads[5][65536 + 3] = 60000.0  # in tensor 5's second chunk: 2 * 60000 overflows fp16
-    found, norm = torch.zeros(1), torch.full((), math.nan)
-    emu.accumulate_(bufs, grads, 2.0, final=(None, found, norm, 2.0))
+    found, norm = torch.zeros(1), torch.zeros(())
+    emu.accumulate_(bufs, grads, 2.0, final=(found, norm, 2.0))
     assert found.item() == 1.0 and math.isinf(norm.item())
 
 
@@ -171,14 +171,14 @@ def test_many_tensors_over_several_launches(emulators, gen, variant, count):
     grads = [t for t in rand_list(numels, grad_dtypes, "cpu", gen)]
     bufs = rand_list(numels, F32, "cpu", gen)
     b64, g64 = f64(bufs), f64(grads)
-    found, norm = torch.zeros(1), torch.full((), math.nan)
+    found, norm = torch.zeros(1), torch.zeros(())
 
-    emu.accumulate_(bufs, grads, 0.5, final=(None, found, norm, 2.0))
+    emu.accumulate_(bufs, grads, 0.5, final=(found, norm, 2.0))
 
     assert_close_list(bufs, [b + 0.5 * g for b, g in zip(b64, g64, strict=True)],
                       [b.abs() + (0.5 * g).abs() for b, g in zip(b64, g64, strict=True)], 3, "bufs")  # fmt: skip
     assert found.item() == 0.0
-    assert_norm_close(norm, bufs, 2.0, "norm_out")
+    assert_norm_close(norm.sqrt(), bufs, 2.0, "norm_acc")
     total, each = emu.global_norm(grads, 2.0, per_tensor=variant == "param4k")
     assert_norm_close(total, grads, 2.0, "global_norm")
     if variant == "param4k":

@@ -24,21 +24,21 @@ NUMELS = [1, 7, 65535, 65537, 300_001, 4099]  # odd sizes, several chunks
 
 
 def window(bufs, grads_per_step, inv_scale, found_inf, norm_out, max_norm, opt: StepInputs | None = None) -> None:
-    """One accumulation window as GradientAccumulator runs it: assign, accumulate, then the plain tail (final
-    step, clip) or, given optimizer state `opt`, the fused way through WindowEnd.close: a read-only
-    norm pass, the grad multiplier on the device, one adamw_step_ (sgd_step_ if `opt` has no exp_avg_sqs)."""
+    """One accumulation window as GradientAccumulator runs it in one process: assign, accumulate, the last fold
+    adding its sum of squares into norm_out (accumulate_final_), the norm and the grad multiplier on the device,
+    then one unscale-and-clip pass (unscale_ by the multiplier) or, given optimizer state `opt`, the fused way
+    through WindowEnd.close: one adamw_step_ (sgd_step_ if `opt` has no exp_avg_sqs)."""
     last = len(grads_per_step) - 1
-    for k, grads in enumerate(grads_per_step[: last if opt is None else last + 1]):
+    for k, grads in enumerate(grads_per_step[:last]):
         gradacc_ext.accumulate_(bufs, grads, 1.0 / (last + 1), assign=k == 0)
-    if opt is None:
-        gradacc_ext.accumulate_final_(bufs, grads_per_step[last], found_inf, norm_out, 1.0 / (last + 1),
-                                      inv_scale=inv_scale)  # fmt: skip
-        gradacc_ext.clip_by_norm_(bufs, norm_out, max_norm)
-        return
-    raw = gradacc_ext.global_norm(bufs).reshape(1)
-    norm_out.copy_((raw * inv_scale).reshape(()))
-    found_inf.copy_(~torch.isfinite(raw))
+    norm_out.zero_()
+    gradacc_ext.accumulate_final_(bufs, grads_per_step[last], found_inf, norm_out, 1.0 / (last + 1), assign=last == 0)
+    norm_out.copy_(norm_out.sqrt() * inv_scale)  # the norm of the unscaled sums
+    found_inf.copy_(found_inf.logical_or(~torch.isfinite(norm_out)))
     mult = (inv_scale * torch.clamp(max_norm / (norm_out + DEFAULT_EPS), max=1.0)).float()
+    if opt is None:
+        gradacc_ext.unscale_(bufs, mult.reshape(()), found_inf)
+        return
     lr = torch.full((), 1e-2, device="cuda")
     if opt.exp_avg_sqs:
         adamw_step_(opt.params, bufs, opt.exp_avgs, opt.exp_avg_sqs, opt.steps, lr=lr, grad_mult=mult,
@@ -180,11 +180,11 @@ def test_one_tensor_beyond_2_31_elements_through_every_op(gen):
     gradacc_ext.accumulate_([buf], [g], 2.0, assign=True)
     assert torch.equal(sampled(buf), fp16(2 * x0))
     found, norm = torch.zeros(1, device="cuda"), torch.zeros((), device="cuda")
-    gradacc_ext.accumulate_final_([buf], [g], found, norm, -1.0, inv_scale=torch.full((), 0.5, device="cuda"))
-    assert found.item() == 0.0 and torch.equal(sampled(buf), fp16(0.5 * x0))  # (2x - x) / 2
+    gradacc_ext.accumulate_final_([buf], [g], found, norm, -1.0)  # adds the sum of squares into norm
+    assert found.item() == 0.0 and torch.equal(sampled(buf), fp16(x0))  # 2x - x
     want = math.sqrt(sum(c.double().square().sum().item() for c in buf.split(2**28)))
-    assert math.isclose(norm.item(), want, rel_tol=1e-3)
-    assert math.isclose(gradacc_ext.global_norm([g]).item(), 2 * want, rel_tol=1e-3)
+    assert math.isclose(math.sqrt(norm.item()), want, rel_tol=1e-3)
+    assert math.isclose(gradacc_ext.global_norm([g]).item(), want, rel_tol=1e-3)
     del buf
 
     gradacc_ext.clip_by_value_([g], 1.0)

@@ -118,7 +118,7 @@ def test_fallback_matches_the_fused_kernels_on_cuda(monkeypatch, gen):
         monkeypatch.setattr(gpu_coverage, "device_facts", lambda index, a=arch_list: replace(facts, arch_list=a))
         gpu_coverage.forget()
         bufs = [b.clone() for b in start]
-        found, norm = torch.zeros(1, device="cuda"), torch.full((), math.nan, device="cuda")
+        found, norm = torch.zeros(1, device="cuda"), torch.zeros((), device="cuda")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             assert gradacc_ext.resolve_backend("cuda")[0] == ("ext" if path == "fused" else "torch")

@@ -108,7 +108,7 @@ def test_accumulate_variants_match(isas: list[str], dtype: torch.dtype, specials
 
     def final(bufs: list[torch.Tensor], g: list[torch.Tensor]) -> list[torch.Tensor]:
         found, norm = scalar(0.0), scalar(0.0)
-        ops.accumulate_final_(bufs, g, found, norm, 0.75, inv_scale=scalar(2.0**-7))
+        ops.accumulate_final_(bufs, g, found, norm, 0.75)
         found_inf, inf_norm = scalar(0.0), scalar(0.0)
         ops.accumulate_final_(bufs, g, found_inf, inf_norm, 0.75, assign=True, norm_type=float("inf"))
         return [*bufs, found, norm, found_inf, inf_norm]

@@ -172,7 +172,6 @@ def test_accumulate_is_deterministic(device, backend, gen, op):
     sizes = [*ODD_SIZES, 600_001, *small_sizes(gen, count=100)]
     dtypes = random_dtypes(gen, len(sizes))
     bufs0, grads = make_lists([(n,) for n in sizes], dtypes, dtypes, device, gen)
-    inv = torch.full((), 0.25, device=device)
 
     def run() -> list[torch.Tensor]:
         bufs = [b.clone() for b in bufs0]
@@ -180,7 +179,7 @@ def test_accumulate_is_deterministic(device, backend, gen, op):
             gradacc_ext.accumulate_(bufs, grads, 0.3, backend=backend)
             return bufs
         found, norm = torch.zeros(1, device=device), torch.zeros((), device=device)
-        gradacc_ext.accumulate_final_(bufs, grads, found, norm, 0.3, inv_scale=inv, backend=backend)
+        gradacc_ext.accumulate_final_(bufs, grads, found, norm, 0.3, backend=backend)
         return [*bufs, found, norm]
 
     with cpu_threads(2):
@@ -195,14 +194,14 @@ def test_accumulate_is_deterministic(device, backend, gen, op):
 
 # ---- accumulate_final_ --------------------------------------------------------------------------
 
-# (assign, scale kind, inv_scale present, found_inf's starting value)
+# (assign, scale kind, norm_acc's starting value (an earlier bucket's partial), found_inf's starting value)
 FINAL_MODES = [
-    (False, "float", True, 0.0),
-    (True, "tensor0d", False, 0.0),
-    (False, "tensor1", False, 1.0),
-    (True, "float", True, 1.0),
+    (False, "float", 0.0, 0.0),
+    (True, "tensor0d", 3.0, 0.0),
+    (False, "tensor1", 0.0, 1.0),
+    (True, "float", 3.0, 1.0),
 ]
-FINAL_MODE_IDS = ["add-float-inv-f0", "assign-t0d-noinv-f0", "add-t1-noinv-f1", "assign-float-inv-f1"]
+FINAL_MODE_IDS = ["add-float-n0-f0", "assign-t0d-n3-f0", "add-t1-n0-f1", "assign-float-n3-f1"]
 L2, LINF = 2.0, math.inf
 # (layout, mode index, norm type): "odd" crosses every mode with both norms, the others two cases each
 _FINAL = [("odd", m, n) for m in range(4) for n in (L2, LINF)] + [
@@ -215,43 +214,79 @@ FINAL_CASES = [
 ]
 
 
-def run_final(bufs, grads, scale_kind, assign, with_inv, found_start, norm_type, device, gen, backend):
-    """Runs accumulate_final_ and the oracle; returns (want bufs, magnitudes, found_inf, norm_out)."""
+def run_final(bufs, grads, scale_kind, assign, norm_start, found_start, norm_type, device, gen, backend):
+    """Runs accumulate_final_ and the oracle; returns (want bufs, magnitudes, found_inf, norm_acc)."""
     scale, alpha, alpha_tensor = make_scale(scale_kind, device, gen)
-    inv = torch.full((), 2.0 ** -torch.randint(0, 12, (), generator=gen).item(), device=device) if with_inv else None
     want = f64(bufs)
     found64, norm64 = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
-    reference.accumulate_final_(want, f64(grads), alpha, alpha_tensor, assign, inv, found64, norm64, norm_type)
-    inv_value = inv.item() if inv is not None else 1.0
-    mags = [m * inv_value for m in magnitude(bufs, grads, effective_alpha(alpha, alpha_tensor), assign)]
+    reference.accumulate_final_(want, f64(grads), alpha, alpha_tensor, assign, found64, norm64, norm_type)
+    mags = magnitude(bufs, grads, effective_alpha(alpha, alpha_tensor), assign)
     found = torch.full((1,), found_start, device=device)
-    norm_out = torch.full((), math.nan, device=device)  # poison: must be written
+    norm_acc = torch.full((), norm_start, device=device)
     if assign:
         for b in bufs:
             b.fill_(math.nan)
     gradacc_ext.accumulate_final_(
-        bufs, grads, found, norm_out, scale, inv_scale=inv, assign=assign, norm_type=norm_type, backend=backend
+        bufs, grads, found, norm_acc, scale, assign=assign, norm_type=norm_type, backend=backend
     )
-    return want, mags, found, norm_out
+    return want, mags, found, norm_acc
 
 
-@pytest.mark.parametrize(("layout", "assign", "scale_kind", "with_inv", "found_start", "norm_type"), FINAL_CASES)
+def partial_norm(norm_acc: torch.Tensor, norm_type: float) -> torch.Tensor:
+    """The norm a running partial stands for: sqrt of the sum of squares, or the max itself."""
+    return norm_acc.sqrt() if norm_type == L2 else norm_acc
+
+
+def start_term(norm_start: float, norm_type: float, device: str) -> torch.Tensor:
+    """A one-element tensor whose statistic is `norm_start`: the earlier partial, as one more tensor of the list."""
+    return torch.full((1,), math.sqrt(norm_start) if norm_type == L2 else norm_start, device=device)
+
+
+@pytest.mark.parametrize(("layout", "assign", "scale_kind", "norm_start", "found_start", "norm_type"), FINAL_CASES)
 @pytest.mark.parametrize(("grad_dtype", "buf_dtype"), PAIRS, ids=PAIR_IDS)
 def test_accumulate_final_matches_oracle(
-    device, backend, gen, grad_dtype, buf_dtype, layout, assign, scale_kind, with_inv, found_start, norm_type
+    device, backend, gen, grad_dtype, buf_dtype, layout, assign, scale_kind, norm_start, found_start, norm_type
 ):
     shapes = layout_shapes(layout, gen)
     bufs, grads = make_lists(
         shapes, [grad_dtype] * len(shapes), [buf_dtype] * len(shapes), device, gen, unaligned=layout == "unaligned"
     )
-    want, mags, found, norm_out = run_final(
-        bufs, grads, scale_kind, assign, with_inv, found_start, norm_type, device, gen, backend
+    want, mags, found, norm_acc = run_final(
+        bufs, grads, scale_kind, assign, norm_start, found_start, norm_type, device, gen, backend
     )
-    # alpha's conversion, multiply, add, and the multiply by inv_scale (a power of two: exact)
+    # alpha's conversion, multiply and add: accumulate_'s arithmetic, the results left as stored (scaled)
     assert_close_list(bufs, want, mags, roundings=3, what="bufs")
     assert found.item() == found_start, "found_inf changed although every result is finite"
-    # the norm describes what was stored in the buffers
-    assert_norm_close(norm_out, bufs, norm_type, what="norm_out")
+    # the partial describes what was stored in the buffers, added to the one norm_acc held
+    terms = [*bufs, start_term(norm_start, norm_type, device)]
+    assert_norm_close(partial_norm(norm_acc, norm_type), terms, norm_type, what="norm_acc")
+
+
+@pytest.mark.parametrize("norm_type", [L2, LINF], ids=["l2", "linf"])
+def test_accumulate_final_buckets_add_up_to_the_whole(device, backend, gen, norm_type):
+    """A last fold in three buckets: their partials, added in one norm_acc, are the norm of every view
+    (the max exactly: the same maximum, whichever bucket holds it)."""
+    sizes = [*ODD_SIZES, *small_sizes(gen, count=30)]
+    dtypes = random_dtypes(gen, len(sizes))
+    bufs, grads = make_lists([(n,) for n in sizes], dtypes, dtypes, device, gen)
+    found, norm_acc = torch.zeros(1, device=device), torch.zeros((), device=device)
+    for part in (slice(0, 3), slice(3, 20), slice(20, None)):
+        gradacc_ext.accumulate_final_(bufs[part], grads[part], found, norm_acc, 0.7, norm_type=norm_type,
+                                      backend=backend)  # fmt: skip
+    assert found.item() == 0.0
+    assert_norm_close(partial_norm(norm_acc, norm_type), bufs, norm_type, what="norm_acc")
+    if norm_type == LINF:
+        assert_bitwise_equal(norm_acc, gradacc_ext.global_norm(bufs, LINF, backend=backend), what="max")
+
+
+def test_accumulate_final_refuses_a_norm_type_without_partials(device, backend, gen):
+    """Only the sum of squares and the max add across buckets: another order is refused, nothing written."""
+    bufs, grads = make_lists([(5,)], [F32], [F32], device, gen)
+    before, found, norm_acc = bufs[0].clone(), torch.zeros(1, device=device), torch.zeros((), device=device)
+    with pytest.raises(ValueError, match="norm_type must be 2.0 or inf, got 1"):
+        gradacc_ext.accumulate_final_(bufs, grads, found, norm_acc, 1.0, norm_type=1.0, backend=backend)
+    assert_bitwise_equal(bufs[0], before, what="bufs")
+    assert norm_acc.item() == 0.0
 
 
 @pytest.mark.parametrize("norm_type", [L2, LINF], ids=["l2", "linf"])
@@ -264,13 +299,13 @@ def test_accumulate_final_nonfinite(device, backend, gen, grad_dtype, buf_dtype,
     bufs, grads = make_lists([(n,) for n in sizes], [grad_dtype] * 3, [buf_dtype] * 3, device, gen)
     tensor, elem = {"first": (0, 0), "middle": (1, 65536 // 2 + 3), "last": (2, 999)}[where]
     grads[tensor][elem] = value
-    want, mags, found, norm_out = run_final(bufs, grads, "float", False, True, 0.0, norm_type, device, gen, backend)
+    want, mags, found, norm_acc = run_final(bufs, grads, "float", False, 0.0, 0.0, norm_type, device, gen, backend)
     assert_close_list(bufs, want, mags, roundings=3, what="bufs")
     assert found.item() == 1.0
     if math.isnan(value):
-        assert norm_out.isnan(), f"norm {norm_out.item()} should be NaN"
+        assert norm_acc.isnan(), f"norm partial {norm_acc.item()} should be NaN"
     else:
-        assert norm_out.item() == math.inf
+        assert norm_acc.item() == math.inf
 
 
 @pytest.mark.parametrize("where", ["first_chunk", "last_chunk"])
@@ -282,8 +317,8 @@ def test_found_inf_and_norm_on_two_threads(device, backend, gen, where):
     with cpu_threads(2):
         bufs, grads = make_lists([(n,) for n in sizes], [BF16, F16] * 3, [F32, F16] * 3, device, gen)
         grads[tensor][elem] = math.nan
-        want, mags, found, norm_out = run_final(bufs, grads, "float", False, True, 0.0, L2, device, gen, backend)
-        assert found.item() == 1.0 and norm_out.isnan()
+        want, mags, found, norm_acc = run_final(bufs, grads, "float", False, 0.0, 0.0, L2, device, gen, backend)
+        assert found.item() == 1.0 and norm_acc.isnan()
         assert_close_list(bufs, want, mags, roundings=3, what="bufs")
 
         tensors = rand_list(sizes, [F32, BF16] * 3, device, gen)
@@ -299,16 +334,17 @@ def test_accumulate_final_flags_overflow_of_the_stored_value(device, backend, ge
     big = 60000.0 if buf_dtype == F16 else 3e38
     bufs, grads = make_lists([(9,), (70000,)], [buf_dtype] * 2, [buf_dtype] * 2, device, gen)
     bufs[1][12345], grads[1][12345] = big, big
-    found, norm_out = torch.zeros(1, device=device), torch.zeros((), device=device)
-    gradacc_ext.accumulate_final_(bufs, grads, found, norm_out, 1.0, backend=backend)
+    found, norm_acc = torch.zeros(1, device=device), torch.zeros((), device=device)
+    gradacc_ext.accumulate_final_(bufs, grads, found, norm_acc, 1.0, backend=backend)
     assert bufs[1][12345].item() == math.inf
-    assert found.item() == 1.0 and norm_out.item() == math.inf
+    assert found.item() == 1.0 and norm_acc.item() == math.inf
 
 
 def test_accumulate_final_empty_lists(device, backend):
-    found, norm_out = torch.ones(1, device=device), torch.full((), math.nan, device=device)
-    gradacc_ext.accumulate_final_([], [], found, norm_out, 0.5, backend=backend)
-    assert found.item() == 1.0 and norm_out.item() == 0.0
+    """Nothing folded adds nothing: the running partial and the flag keep what they held."""
+    found, norm_acc = torch.ones(1, device=device), torch.full((), 2.5, device=device)
+    gradacc_ext.accumulate_final_([], [], found, norm_acc, 0.5, backend=backend)
+    assert found.item() == 1.0 and norm_acc.item() == 2.5
 
 
 # ---- exact arithmetic of the compiled kernels ----------------------------------------------------
@@ -331,11 +367,10 @@ def test_fp32_buffers_match_separate_multiply_and_add(ext_device, gen, grad_dtyp
     for i, (b, e) in enumerate(zip(bufs, expected, strict=True)):
         assert_bitwise_equal(b, e, what=f"bufs[{i}]")
 
-    inv = torch.rand((), generator=gen).to(ext_device) + 0.5
     bufs, grads = make_lists([(n,) for n in sizes], [grad_dtype] * len(sizes), [F32] * len(sizes), ext_device, gen)
-    expected = [torch.mul(torch.add(b, torch.mul(alpha32, g.float())), inv) for b, g in zip(bufs, grads, strict=True)]
-    found, norm_out = torch.zeros(1, device=ext_device), torch.zeros((), device=ext_device)
-    gradacc_ext.accumulate_final_(bufs, grads, found, norm_out, alpha, inv_scale=inv, backend="ext")
+    expected = [torch.add(b, torch.mul(alpha32, g.float())) for b, g in zip(bufs, grads, strict=True)]
+    found, norm_acc = torch.zeros(1, device=ext_device), torch.zeros((), device=ext_device)
+    gradacc_ext.accumulate_final_(bufs, grads, found, norm_acc, alpha, backend="ext")
     for i, (b, e) in enumerate(zip(bufs, expected, strict=True)):
         assert_bitwise_equal(b, e, what=f"final bufs[{i}]")
 
@@ -377,11 +412,7 @@ def test_fp32_to_16bit_rounding_matches_torch_for_every_bit_pattern(ext_device, 
     if op == "accumulate_":
         gradacc_ext.accumulate_([bufs], [grads], alpha, assign=assign, backend="ext")
     else:
-        inv = torch.rand((), generator=gen).to(ext_device) + 0.5
-        value = torch.mul(value, inv)
-        found, norm_out = torch.zeros(1, device=ext_device), torch.zeros((), device=ext_device)
-        gradacc_ext.accumulate_final_(
-            [bufs], [grads], found, norm_out, alpha, inv_scale=inv, assign=assign, backend="ext"
-        )
+        found, norm_acc = torch.zeros(1, device=ext_device), torch.zeros((), device=ext_device)
+        gradacc_ext.accumulate_final_([bufs], [grads], found, norm_acc, alpha, assign=assign, backend="ext")
         assert found.item() == 1.0  # the patterns include NaN and Inf
     assert_bitwise_equal(bufs, value.to(dtype), what=f"float32 -> {name(dtype)}")

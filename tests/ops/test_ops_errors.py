@@ -28,7 +28,7 @@ class Inputs:
     tensors: list = field(default_factory=list)
     scale: object = 0.5
     found_inf: torch.Tensor | None = None
-    norm_out: torch.Tensor | None = None
+    norm_acc: torch.Tensor | None = None
     inv_scale: torch.Tensor | None = None
     total_norm: torch.Tensor | None = None
     norm_type: float = 2.0
@@ -49,7 +49,7 @@ class Inputs:
             grads=[r(5, bf16), r((4, 3), f16), r(9, f32)],
             tensors=[r(5, f32), r((4, 3), bf16), r(9, f16)],
             found_inf=torch.zeros(1, device=device),
-            norm_out=torch.full((), 7.0, device=device),
+            norm_acc=torch.full((), 7.0, device=device),
             inv_scale=torch.full((), 0.25, device=device),
             total_norm=torch.full((), 3.0, device=device),
         )
@@ -60,12 +60,12 @@ class Inputs:
         return [t for t in out if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type != "meta"]
 
 
-SCALAR_FIELDS = ("scale", "found_inf", "norm_out", "inv_scale", "total_norm")
+SCALAR_FIELDS = ("scale", "found_inf", "norm_acc", "inv_scale", "total_norm")
 
 OPS: dict[str, Callable[[Inputs, str], object]] = {
     "accumulate_": lambda a, be: gradacc_ext.accumulate_(a.bufs, a.grads, a.scale, backend=be),
     "accumulate_final_": lambda a, be: gradacc_ext.accumulate_final_(
-        a.bufs, a.grads, a.found_inf, a.norm_out, a.scale, inv_scale=a.inv_scale, norm_type=a.norm_type, backend=be
+        a.bufs, a.grads, a.found_inf, a.norm_acc, a.scale, norm_type=a.norm_type, backend=be
     ),
     "global_norm": lambda a, be: gradacc_ext.global_norm(a.tensors, a.norm_type, per_tensor=True, backend=be),
     "unscale_": lambda a, be: gradacc_ext.unscale_(a.tensors, a.inv_scale, a.found_inf, backend=be),
@@ -144,8 +144,7 @@ SCALAR_ARGS = [
     ("accumulate_", "scale", "alpha_tensor"),
     ("accumulate_final_", "scale", "alpha_tensor"),
     ("accumulate_final_", "found_inf", "found_inf"),
-    ("accumulate_final_", "norm_out", "norm_out"),
-    ("accumulate_final_", "inv_scale", "inv_scale"),
+    ("accumulate_final_", "norm_acc", "norm_acc"),
     ("unscale_", "inv_scale", "inv_scale"),
     ("unscale_", "found_inf", "found_inf"),
     ("clip_by_norm_", "total_norm", "total_norm"),
@@ -179,9 +178,12 @@ for _op in ("accumulate_", "accumulate_final_"):
     for _alpha in (math.nan, math.inf, -math.inf):
         case(_op, f"alpha-{_alpha}", set_attr("scale", lambda a, v=_alpha: v), ValueError, "alpha must be finite")
 
-# Every norm takes any order but NaN (accumulate_final_ too: tests/ops/test_traps_ops.py).
-for _op in ("accumulate_final_", "global_norm", "clip_grad_norm_"):
+# Every norm takes any order but NaN; accumulate_final_'s partials add for 2 and inf only (test_traps_ops.py).
+for _op in ("global_norm", "clip_grad_norm_"):
     case(_op, "norm_type-nan", set_attr("norm_type", lambda a: math.nan), ValueError, "norm_type must be a number")
+for _p in (math.nan, 1.0, -math.inf):
+    case("accumulate_final_", f"norm_type-{_p}", set_attr("norm_type", lambda a, p=_p: p), ValueError,
+         "norm_type must be 2.0 or inf")  # fmt: skip
 
 for _op in ("clip_by_norm_", "clip_grad_norm_"):
     for _v in (-1.0, -math.inf, math.nan):  # 0 and inf are torch's "zero the grads" and "measure only"

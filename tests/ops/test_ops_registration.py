@@ -45,8 +45,8 @@ def op_samples(device: str, gen: torch.Generator) -> dict[str, list[tuple]]:
     return {
         "accumulate_": [(*lists(), 0.5, scalar(2.0), False), (*lists(), 1.5, None, True)],
         "accumulate_final_": [
-            (*lists(), 0.5, scalar(2.0, (1,)), False, scalar(0.25), scalar(0.0, (1,)), scalar(0.0), 2.0),
-            (*lists(), 1.0, None, True, None, scalar(1.0), scalar(0.0), math.inf),
+            (*lists(), 0.5, scalar(2.0, (1,)), False, scalar(0.0, (1,)), scalar(0.5), 2.0),
+            (*lists(), 1.0, None, True, scalar(1.0), scalar(0.0), math.inf),
         ],
         "global_norm": [(mixed(), 2.0, True), (mixed(), math.inf, False), (permuted(), 3.0, True)],
         "unscale_": [(mixed(), scalar(0.125), scalar(0.0, (1,)))],
@@ -65,7 +65,7 @@ OP_NAMES = ["accumulate_", "accumulate_final_", "global_norm", "unscale_", "clip
 # the arguments each op writes, as its schema must declare them (Tensor(a!))
 WRITES = {
     "accumulate_": {"bufs"},
-    "accumulate_final_": {"bufs", "found_inf", "norm_out"},
+    "accumulate_final_": {"bufs", "found_inf", "norm_acc"},
     "global_norm": set(),
     "unscale_": {"tensors", "found_inf"},
     "clip_by_norm_": {"tensors"},
@@ -98,10 +98,10 @@ def test_opcheck(ext_device, gen, op):
 # ---- torch.compile ----------------------------------------------------------------------------
 
 
-def training_step(bufs, grads, last_grads, found_inf, norm_out, inv_scale):
+def training_step(bufs, grads, last_grads, found_inf, norm_acc):
     """A window's last two micro-steps through the public API, then clipping."""
     gradacc_ext.accumulate_(bufs, grads, 0.5)
-    gradacc_ext.accumulate_final_(bufs, last_grads, found_inf, norm_out, 0.5, inv_scale=inv_scale)
+    gradacc_ext.accumulate_final_(bufs, last_grads, found_inf, norm_acc, 0.5)
     total, each = gradacc_ext.global_norm(bufs, per_tensor=True)
     gradacc_ext.clip_by_norm_(bufs, total, 1.0)
     return total, each
@@ -116,19 +116,18 @@ def test_torch_compile_fullgraph_matches_eager(ext_device, gen, compile_backend)
     bufs = rand_list(sizes, [F32, F16, F32], ext_device, gen)
     grads = rand_list(sizes, [F32, F16, BF16], ext_device, gen)
     last = rand_list(sizes, [F32, F16, BF16], ext_device, gen)
-    inv = torch.full((), 0.25, device=ext_device)
 
     def state():
         return [b.clone() for b in bufs], torch.zeros(1, device=ext_device), torch.zeros((), device=ext_device)
 
     eager_bufs, eager_found, eager_norm = state()
-    eager_out = training_step(eager_bufs, grads, last, eager_found, eager_norm, inv)
+    eager_out = training_step(eager_bufs, grads, last, eager_found, eager_norm)
 
     torch._dynamo.reset()
     compiled = torch.compile(training_step, fullgraph=True, backend=compile_backend)
     comp_bufs, comp_found, comp_norm = state()
     start = time.perf_counter()
-    comp_out = compiled(comp_bufs, grads, last, comp_found, comp_norm, inv)
+    comp_out = compiled(comp_bufs, grads, last, comp_found, comp_norm)
     print(f"torch.compile({compile_backend}) first call: {time.perf_counter() - start:.2f} s")
 
     assert eager_out[0] > 1.0, "the step must clip (norm > max_norm), or clip_by_norm_ goes untested"
