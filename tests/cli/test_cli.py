@@ -379,6 +379,7 @@ def setup_version(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str
     (tree / "gradacc_ext").mkdir(parents=True)
     for name in ("setup.py", "pyproject.toml", "README.md", "gradacc_ext/__init__.py"):  # __init__: the version
         shutil.copy(ROOT / name, tree / name)
+    shutil.copytree(ROOT / "csrc" / "compat", tree / "csrc" / "compat")  # setup.py reads the glibc pins' names
     return subprocess.run(
         [sys.executable, "setup.py", "--version"], cwd=tree, capture_output=True, text=True,
         env={**os.environ, **env}, timeout=300,
