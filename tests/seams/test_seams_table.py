@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from _seam_page import render
 from _seam_table import DIMENSIONS, all_cells, ci_cells, pairs_of, pairwise_cells, product_cells, verdict
 
@@ -33,5 +34,6 @@ def test_every_refusal_names_the_message_it_must_raise() -> None:
     assert refused and all(v.match and v.reason for v in refused)
 
 
+@pytest.mark.skipif(not PAGE.exists(), reason="needs the source tree's docs/ (CI's wheel run tests a copy of tests/)")
 def test_docs_page_is_generated_from_the_table() -> None:
     assert PAGE.read_text() == render(), "docs/seams.md is stale: run `python scripts/seams_doc.py`"
