@@ -125,3 +125,29 @@ class OpCounter:
 
         monkeypatch.setattr(gradacc_ext.ops, "global_norm", counted_norm)
         monkeypatch.setattr(gradacc_ext.ops, "accumulate_final_", counted_final)
+
+
+class FailInBackward(torch.autograd.Function):
+    """Identity in forward; its backward raises (a failure after part of the gradient may have been folded)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("injected")
+
+
+class OOMInBackward(torch.autograd.Function):
+    """Identity in forward; its backward counts on `owner.ooms` and raises torch.OutOfMemoryError."""
+
+    @staticmethod
+    def forward(ctx, x, owner):
+        ctx.owner = owner
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.owner.ooms += 1
+        raise torch.OutOfMemoryError("injected in backward")

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from _cases import IN, OUT, OpCounter, assert_params_close, make_batches, make_model
+from _cases import IN, OUT, FailInBackward, OpCounter, assert_params_close, make_batches, make_model
 from test_accumulator_fused import make_opt, plain_loop
 from test_adaptive import OOMAbove, run
 
@@ -36,18 +36,8 @@ class TwoBranch(torch.nn.Module):
     def forward(self, x: torch.Tensor, use_extra: bool = True, fail_main: bool = False) -> torch.Tensor:
         main = self.main(x)
         if fail_main:
-            main = _FailInBackward.apply(main)
+            main = FailInBackward.apply(main)
         return main + self.extra(x) if use_extra else main  # extra's backward runs first (created last)
-
-
-class _FailInBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise RuntimeError("injected")
 
 
 def reference_norm(model: torch.nn.Module, batches, uses, norm_type: float) -> float:
