@@ -4,12 +4,16 @@
 namespace gradacc {
 namespace {
 
-// 1 if `item` requires grad, 0 if not, -1 with Python's exception set.
-int requires_grad(PyObject* item, PyObject* tensor_type, PyObject* descriptor, descrgetfunc get) {
-  static PyObject* const name = PyUnicode_InternFromString("requires_grad");
-  PyObject* flag = Py_TYPE(item) == reinterpret_cast<PyTypeObject*>(tensor_type)
-                       ? get(descriptor, item, tensor_type)
-                       : PyObject_GetAttr(item, name);
+// 1 if `item` requires grad, 0 if not, -1 with Python's exception set. `name` is the attribute's name, made on
+// first use (a plain torch.Tensor never needs it).
+int requires_grad(PyObject* item, PyObject* tensor_type, PyObject* descriptor, descrgetfunc get, PyObject*& name) {
+  PyObject* flag = nullptr;
+  if (Py_TYPE(item) == reinterpret_cast<PyTypeObject*>(tensor_type)) {
+    flag = get(descriptor, item, tensor_type);
+  } else {
+    if (name == nullptr && (name = PyUnicode_InternFromString("requires_grad")) == nullptr) return -1;
+    flag = PyObject_GetAttr(item, name);
+  }
   if (flag == nullptr) return -1;
   const int truth = flag == Py_False ? 0 : flag == Py_True ? 1 : PyObject_IsTrue(flag);
   Py_DECREF(flag);
@@ -26,15 +30,20 @@ PyObject* any_requires_grad(PyObject* /*self*/, PyObject* args) {
     PyErr_SetString(PyExc_TypeError, "any_requires_grad(tensors: list, tensor_type: type, descriptor)");
     return nullptr;
   }
-  const Py_ssize_t count = PyList_Size(tensors);
-  for (Py_ssize_t i = 0; i < count; ++i) {
-    PyObject* item = PyList_GetItem(tensors, i);  // borrowed; the list holds it
+  PyObject* name = nullptr;
+  int found = 0;
+  // As a list iterator walks: the size is read again each step, and each item is held while its flag is read
+  // (a __torch_function__ override may run Python that changes the list).
+  for (Py_ssize_t i = 0; found == 0 && i < PyList_Size(tensors); ++i) {
+    PyObject* item = PyList_GetItem(tensors, i);
     if (item == Py_None) continue;
-    const int truth = requires_grad(item, tensor_type, descriptor, get);
-    if (truth < 0) return nullptr;
-    if (truth) Py_RETURN_TRUE;
+    Py_INCREF(item);
+    found = requires_grad(item, tensor_type, descriptor, get, name);
+    Py_DECREF(item);
   }
-  Py_RETURN_FALSE;
+  Py_XDECREF(name);
+  if (found < 0) return nullptr;
+  return PyBool_FromLong(found);
 }
 
 }  // namespace gradacc

@@ -52,6 +52,25 @@ def test_native_pass_raises_the_attribute_error():
         native_pass([torch.zeros(1), 3])
 
 
+class EmptiesItsList(torch.Tensor):
+    """A subclass whose requires_grad runs Python that empties the list being read, as an override may."""
+
+    LIST: list = []
+
+    @property
+    def requires_grad(self) -> bool:  # type: ignore[override]
+        EmptiesItsList.LIST.clear()
+        return False
+
+
+def test_native_pass_survives_a_list_changed_while_it_reads():
+    """Each item is held while its flag is read, and the list's size read again each step: no crash, and the
+    items gone are not read (as Python's own iteration would)."""
+    tensors: list = [torch.zeros(1).as_subclass(EmptiesItsList), torch.zeros(1).requires_grad_()]
+    EmptiesItsList.LIST = tensors
+    assert native_pass(tensors) is False and tensors == []
+
+
 def test_native_pass_refuses_other_arguments():
     with pytest.raises(TypeError, match="any_requires_grad"):
         native_pass((torch.zeros(1),))  # a tuple: the Python pass takes those
