@@ -22,9 +22,9 @@ Both backends refuse alike: the compiled ops in C++ (csrc/aliasing.cpp, the same
 message), and this module before the reference path and after a compiled op refused the call. The
 leaf check stays in Python, its requires_grad pass compiled where the extension is (csrc/requires_grad.h).
 Each tensor's byte range [data_ptr, data_ptr + nbytes) (distinct allocations never share addresses, so no
-storage lookup is needed): the outputs sorted and swept
-once, then each input compared with the outputs' hull, or found by binary search inside it. Dense
-tensors (all the ops take) overlap in memory exactly when their ranges do.
+storage lookup is needed): the outputs sorted and swept once, then each input compared with the outputs'
+hull, or found by binary search inside it. Dense tensors (all the ops take) overlap in memory exactly when
+their ranges do.
 """
 
 from __future__ import annotations
