@@ -185,6 +185,8 @@ def _extensions():
     variants = _isa_variants()
     sources = ["csrc/module.cpp", "csrc/ops.cpp", "csrc/stable.cpp", "csrc/binding.cpp", "csrc/cpu/isa.cpp"]
     sources += ["csrc/aliasing.cpp"]  # the memory check of every op's arguments (csrc/aliasing.h)
+    sources += ["csrc/requires_grad.cpp"]  # the public ops' leaf check in one C pass (csrc/requires_grad.h)
+    sources += ["csrc/handles.cpp"]  # the Tensor[] items' handles, deleted under one GIL hold (csrc/handles.h)
     sources += CPU_ISA_SOURCES
     sources += ["csrc/binding_optim.cpp"]  # the fused optimizer steps (their CPU kernel is in CPU_ISA_SOURCES)
     define = [

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "handles.h"
 #include "stable.h"
 
 namespace gradacc {
@@ -56,8 +57,7 @@ class TensorList {
 
  private:
   void release() {
-    // A failed delete cannot be reported from a destructor; it would only leak the handle.
-    for (AtenTensorHandle h : handles_) aoti_torch_delete_tensor_object(h);
+    delete_tensor_handles(handles_.data(), handles_.size());
     handles_.clear();
   }
 

@@ -20,10 +20,11 @@ optimizers do.
 
 Both backends refuse alike: the compiled ops in C++ (csrc/aliasing.cpp, the same rule, order and
 message), and this module before the reference path and after a compiled op refused the call. The
-leaf check stays in Python. Each tensor's byte range [data_ptr, data_ptr + nbytes) (distinct
-allocations never share addresses, so no storage lookup is needed): the outputs sorted and swept
-once, then each input compared with the outputs' hull, or found by binary search inside it. Dense
-tensors (all the ops take) overlap in memory exactly when their ranges do.
+leaf check stays in Python, its requires_grad pass compiled where the extension is (csrc/requires_grad.h).
+Each tensor's byte range [data_ptr, data_ptr + nbytes) (distinct allocations never share addresses, so no
+storage lookup is needed): the outputs sorted and swept once, then each input compared with the outputs'
+hull, or found by binary search inside it. Dense tensors (all the ops take) overlap in memory exactly when
+their ranges do.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 import torch
+
+from . import _loader
 
 LEAF = (
     "{op}: {arg}[{i}] is a leaf tensor that requires grad, which this op writes in place (torch: a leaf Variable "
@@ -75,9 +78,9 @@ def check_leaves(op: str, **outputs: Sequence[torch.Tensor]) -> None:
         return
     for arg, tensors in outputs.items():
         try:
-            if not any(map(_REQUIRES_GRAD, tensors)):
+            if not _any_requires_grad(tensors):
                 continue
-        except AttributeError:  # a None item, which the op's validation names
+        except AttributeError:  # a None item, which the op's validation names, or no tensor (the loop raises)
             pass
         for i, t in enumerate(tensors):
             if t is not None and t.requires_grad and t.is_leaf:
@@ -85,6 +88,19 @@ def check_leaves(op: str, **outputs: Sequence[torch.Tensor]) -> None:
 
 
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
+# torch.Tensor's requires_grad getter, which the compiled pass calls directly for plain tensors (csrc/requires_grad.h).
+_REQUIRES_GRAD_GETTER = torch._C.TensorBase.__dict__.get("requires_grad")
+
+
+def _any_requires_grad(tensors: Sequence[torch.Tensor | None]) -> bool:
+    """Whether any item requires grad. The compiled extension's pass (None items skipped) costs about half of
+    the Python one per tensor (callgrind); without it, or for a sequence that is not a list, the Python pass
+    (AttributeError on a None item)."""
+    native = _loader._C.module if _loader._C is not None else None
+    fast = getattr(native, "any_requires_grad", None)
+    if fast is not None and type(tensors) is list and _REQUIRES_GRAD_GETTER is not None:
+        return fast(tensors, torch.Tensor, _REQUIRES_GRAD_GETTER)
+    return any(map(_REQUIRES_GRAD, tensors))
 
 
 def check_disjoint(

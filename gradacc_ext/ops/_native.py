@@ -1,7 +1,8 @@
 """The compiled extension's Python face, on the LibTorch stable ABI.
 
-``gradacc_ext._C`` is a bare limited-API module: importing it loads the library, whose
-static initialisers register every op with ``torch.ops.gradacc``. Its build facts and the CPU
+``gradacc_ext._C`` is a limited-API module: importing it loads the library, whose
+static initialisers register every op with ``torch.ops.gradacc``; its one Python function is the
+public ops' requires_grad pass (``ops/_aliasing.py``, csrc/requires_grad.h). Its build facts and the CPU
 kernel-variant controls are stable ops too (csrc/ops.cpp); this wraps them in the functions
 the package and the tests call, and hands in the one thing the stable ABI cannot query,
 ``torch.backends.cpu.get_cpu_capability()`` (which honours ``ATEN_CPU_CAPABILITY``).

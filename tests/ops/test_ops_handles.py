@@ -49,3 +49,56 @@ def test_every_handle_is_released(device, gen, op, fails):
         else:
             call()
     assert refcounts(tensors) == before
+
+
+@pytest.mark.parametrize("op", ["accumulate_", "unscale_"])
+def test_handles_released_from_python_threads(gen, op):
+    """The handles are deleted under one GIL hold taken by the op (csrc/handles.h): from several Python threads
+    at once, each call still releases its tensors, and a tensor the call's list alone kept alive dies with it."""
+    import threading
+    import weakref
+
+    require_ext("cpu")
+    call, tensors = calls("cpu", gen)[op]
+    before = refcounts(tensors)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for _ in range(50):
+                call()
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert refcounts(tensors) == before
+    temps = [torch.randn(4, generator=gen) for _ in range(3)]
+    ref = weakref.ref(temps[1])
+    torch.ops.gradacc.unscale_(temps, torch.ones(1), torch.zeros(1))
+    del temps
+    assert ref() is None
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")  # the way onto a thread without Python
+def test_handles_released_from_a_thread_without_python(gen):
+    """torch.jit.fork runs the op on torch's inter-op pool, a thread with no Python thread state: there the
+    handles are deleted one by one, as torch does, without the GIL hold (csrc/handles.h)."""
+    require_ext("cpu")
+    fold = torch.jit.script(_fold)
+    bufs, grads = [torch.zeros(4) for _ in range(3)], [torch.randn(4, generator=gen) for _ in range(3)]
+    before = refcounts(bufs + grads)
+    for _ in range(5):
+        torch.jit.wait(torch.jit.fork(fold, bufs, grads))
+    assert refcounts(bufs + grads) == before
+    for b, g in zip(bufs, grads, strict=True):
+        torch.testing.assert_close(b.double(), 5 * g.double(), rtol=1e-6, atol=1e-6)
+
+
+def _fold(bufs: list[torch.Tensor], grads: list[torch.Tensor]) -> int:
+    torch.ops.gradacc.accumulate_(bufs, grads, 1.0, None, False)
+    return 0

@@ -1,0 +1,90 @@
+"""The public ops' leaf check reads requires_grad in one compiled pass (csrc/requires_grad.h): it must agree
+with Python's attribute lookup on every kind of list item, and the check built on it must refuse exactly
+the leaves that require grad, naming the first."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _devices import require_ext
+
+from gradacc_ext.ops import _aliasing, _loader
+
+
+class FlagsRequireGrad(torch.Tensor):
+    """A subclass whose requires_grad says True whatever the tensor's flag: the attribute lookup must win."""
+
+    @property
+    def requires_grad(self) -> bool:  # type: ignore[override]
+        return True
+
+
+def native_pass(tensors: list) -> bool:
+    require_ext("cpu")
+    return _loader._C.module.any_requires_grad(tensors, torch.Tensor, _aliasing._REQUIRES_GRAD_GETTER)
+
+
+def items(gen: torch.Generator) -> dict[str, object]:
+    leaf = torch.randn(3, generator=gen).requires_grad_()
+    return {
+        "plain": torch.randn(3, generator=gen),
+        "leaf": leaf,
+        "non-leaf": leaf * 2,
+        "parameter": torch.nn.Parameter(torch.randn(3, generator=gen)),
+        "frozen parameter": torch.nn.Parameter(torch.randn(3, generator=gen), requires_grad=False),
+        "subclass": torch.randn(3, generator=gen).as_subclass(FlagsRequireGrad),
+        "detached": leaf.detach(),
+    }
+
+
+@pytest.mark.parametrize("kind", list(items(torch.Generator().manual_seed(0))))
+@pytest.mark.parametrize("where", [0, 5, 9])
+def test_native_pass_agrees_with_the_attribute(gen, kind, where):
+    tensors: list = [torch.randn(2, generator=gen) for _ in range(10)]
+    tensors[where] = items(gen)[kind]
+    tensors[(where + 1) % 10] = None  # skipped: the op's validation names it
+    expected = any(t.requires_grad for t in tensors if t is not None)
+    assert native_pass(tensors) is expected
+
+
+def test_native_pass_raises_the_attribute_error():
+    with pytest.raises(AttributeError, match="'int' object has no attribute 'requires_grad'"):
+        native_pass([torch.zeros(1), 3])
+
+
+class EmptiesItsList(torch.Tensor):
+    """A subclass whose requires_grad runs Python that empties the list being read, as an override may."""
+
+    LIST: list = []
+
+    @property
+    def requires_grad(self) -> bool:  # type: ignore[override]
+        EmptiesItsList.LIST.clear()
+        return False
+
+
+def test_native_pass_survives_a_list_changed_while_it_reads():
+    """Each item is held while its flag is read, and the list's size read again each step: no crash, and the
+    items gone are not read (as Python's own iteration would)."""
+    tensors: list = [torch.zeros(1).as_subclass(EmptiesItsList), torch.zeros(1).requires_grad_()]
+    EmptiesItsList.LIST = tensors
+    assert native_pass(tensors) is False and tensors == []
+
+
+def test_native_pass_refuses_other_arguments():
+    with pytest.raises(TypeError, match="any_requires_grad"):
+        native_pass((torch.zeros(1),))  # a tuple: the Python pass takes those
+
+
+@pytest.mark.parametrize("kind", ["leaf", "parameter"])
+def test_check_leaves_names_the_first_leaf(gen, kind):
+    require_ext("cpu")
+    tensors: list = [torch.randn(2, generator=gen) for _ in range(6)]
+    tensors[1] = items(gen)["non-leaf"]  # requires grad but is no leaf: allowed
+    tensors[4] = items(gen)[kind]
+    with pytest.raises(RuntimeError, match=r"gradacc.unscale_: tensors\[4\] is a leaf tensor that requires grad"):
+        _aliasing.check_leaves("gradacc.unscale_", tensors=tensors)
+    with torch.no_grad():
+        _aliasing.check_leaves("gradacc.unscale_", tensors=tensors)  # no grad mode: nothing to refuse
+    tensors[4] = items(gen)["detached"]
+    _aliasing.check_leaves("gradacc.unscale_", tensors=tensors)
