@@ -89,7 +89,7 @@ def write(rows: list[dict], floor: float, args: argparse.Namespace) -> None:
         "",
         *table(rows),
         "",
-        f"![held-out loss]({stem.name}.png)",
+        f"Loss curves: {stem.name}.png, beside this file.",
     ]
     stem.with_suffix(".json").write_text(json.dumps({"args": vars(args), "versions": versions(), "floor": floor,
                                                      "rows": rows}))  # fmt: skip
