@@ -45,10 +45,9 @@ def eval_loss(model: torch.nn.Module, tokens: torch.Tensor) -> float:
 
 
 def train(
-    contender: Contender, seed: int, args: argparse.Namespace, probs: torch.Tensor, held_out: torch.Tensor
+    contender: Contender, seed: int, args: argparse.Namespace, corpus: MarkovCorpus, held_out: torch.Tensor
 ) -> dict:
     """One run: `args.steps` optimizer steps; the held-out loss curve and the mean training loss per step."""
-    corpus = MarkovCorpus(args.vocab)
     torch.manual_seed(seed)
     config = ModelConfig(args.vocab, args.seq_len, args.d_model, args.heads, args.layers)
     model = TinyCausalLM(config).to(DTYPES[args.param_dtype])
@@ -59,7 +58,7 @@ def train(
     start = time.perf_counter()
     with contender.stepping():
         for step in range(1, args.steps + 1):
-            batch = corpus.sample(args.accumulation * args.micro_batch, args.seq_len + 1, data, probs)
+            batch = corpus.sample(args.accumulation * args.micro_batch, args.seq_len + 1, data)
             losses = []
             for micro in batch.split(args.micro_batch):
                 logits = model(micro[:, :-1]).float()
@@ -77,8 +76,7 @@ def train(
 def run(names: list[str], args: argparse.Namespace) -> tuple[list[dict], float]:
     """Every contender over every seed; the rows and the corpus' loss floor on the held-out set."""
     corpus = MarkovCorpus(args.vocab)
-    probs = corpus.next_probs()
-    held_out = corpus.sample(args.eval_sequences, args.seq_len + 1, torch.Generator().manual_seed(10**6), probs)
+    held_out = corpus.sample(args.eval_sequences, args.seq_len + 1, torch.Generator().manual_seed(10**6))
     rows = []
     for name in names:
         contender = CONTENDERS[name]
@@ -88,12 +86,12 @@ def run(names: list[str], args: argparse.Namespace) -> tuple[list[dict], float]:
             row["skipped"] = why
         else:
             try:
-                row["runs"] = [train(contender, seed, args, probs, held_out) for seed in args.seeds]
+                row["runs"] = [train(contender, seed, args, corpus, held_out) for seed in args.seeds]
             except Exception as error:  # a peer's CPU path may not work: the row says how it failed
                 row["failed"] = f"{type(error).__name__}: {error}"
         rows.append(row)
         print({k: v for k, v in row.items() if k != "runs"}, [r["curve"][-1] for r in row.get("runs", [])], flush=True)
-    return rows, MarkovCorpus.floor(held_out, probs)
+    return rows, corpus.floor(held_out)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -9,6 +9,7 @@ steps, not tens, and it has a known floor: the chain's own cross-entropy on the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -25,7 +26,8 @@ class MarkovCorpus:
         if not 1 <= self.successors <= self.vocab:
             raise ValueError(f"MarkovCorpus: successors must be in [1, vocab={self.vocab}], got {self.successors}")
 
-    def next_probs(self) -> torch.Tensor:
+    @cached_property
+    def probs(self) -> torch.Tensor:
         """[vocab, vocab, vocab]: the probability of each next token after each (previous-but-one, previous)."""
         g = torch.Generator().manual_seed(self.seed)
         v = self.vocab
@@ -34,18 +36,18 @@ class MarkovCorpus:
         probs = torch.zeros(v * v, v, dtype=torch.float64).scatter_(1, nxt, weights)
         return (probs / probs.sum(1, keepdim=True)).view(v, v, v)
 
-    def sample(self, n: int, length: int, generator: torch.Generator, probs: torch.Tensor) -> torch.Tensor:
-        """[n, length] token ids: two uniform tokens, then the chain (`probs` from next_probs())."""
+    def sample(self, n: int, length: int, generator: torch.Generator) -> torch.Tensor:
+        """[n, length] token ids: two uniform tokens, then the chain."""
         if n < 1 or length < 3:
             raise ValueError(f"MarkovCorpus.sample: need n >= 1 and length >= 3, got n={n}, length={length}")
         tokens = torch.empty(n, length, dtype=torch.long)
         tokens[:, :2] = torch.randint(0, self.vocab, (n, 2), generator=generator)
         for t in range(2, length):
-            tokens[:, t] = torch.multinomial(probs[tokens[:, t - 2], tokens[:, t - 1]], 1, generator=generator)[:, 0]
+            after = self.probs[tokens[:, t - 2], tokens[:, t - 1]]  # [n, vocab]: each row's next-token law
+            tokens[:, t] = torch.multinomial(after, 1, generator=generator)[:, 0]
         return tokens
 
-    @staticmethod
-    def floor(tokens: torch.Tensor, probs: torch.Tensor) -> float:
+    def floor(self, tokens: torch.Tensor) -> float:
         """The chain's own mean cross-entropy (nats) on tokens[:, 2:]: the loss a perfect model reaches there."""
-        p = probs[tokens[:, :-2], tokens[:, 1:-1], tokens[:, 2:]]
+        p = self.probs[tokens[:, :-2], tokens[:, 1:-1], tokens[:, 2:]]
         return float(-p.log().mean())

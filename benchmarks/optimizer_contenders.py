@@ -79,9 +79,12 @@ def _bnb_adamw8bit(params: list[torch.nn.Parameter], lr: float) -> torch.optim.O
     return bnb.optim.AdamW8bit(params, lr, BETAS, EPS, WEIGHT_DECAY)
 
 
+def _always() -> str | None:
+    return None
+
+
 FP32_STATES = "FusedAdamW fp32 states"
 TORCHAO_EAGER = "torchao AdamW8bit eager"
-_always: Callable[[], str | None] = lambda: None  # noqa: E731
 _torchao = _package_missing("torchao", "torchao")
 CONTENDERS = {
     c.name: c

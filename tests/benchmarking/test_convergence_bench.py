@@ -27,15 +27,15 @@ def test_corpus_follows_its_chain_and_its_floor_is_the_chains_loss(benchmarks: N
     from markov_corpus import MarkovCorpus
 
     corpus = MarkovCorpus(vocab=8, successors=2, seed=5)
-    probs = corpus.next_probs()
+    probs = corpus.probs
     assert torch.allclose(probs.sum(-1), torch.ones(8, 8, dtype=torch.float64), rtol=0, atol=1e-12)
     assert ((probs > 0).sum(-1) == 2).all()
-    assert torch.equal(probs, MarkovCorpus(vocab=8, successors=2, seed=5).next_probs())  # the same language
-    tokens = corpus.sample(50, 20, torch.Generator().manual_seed(1), probs)
+    assert torch.equal(probs, MarkovCorpus(vocab=8, successors=2, seed=5).probs)  # the same language
+    tokens = corpus.sample(50, 20, torch.Generator().manual_seed(1))
     assert probs[tokens[:, :-2], tokens[:, 1:-1], tokens[:, 2:]].min() > 0  # every transition is the chain's
     expected = -sum(math.log(probs[s[t - 2], s[t - 1], s[t]]) for s in tokens.tolist() for t in range(2, 20)) / 900
-    assert MarkovCorpus.floor(tokens, probs) == pytest.approx(expected, rel=1e-12)
-    assert MarkovCorpus.floor(tokens, probs) < math.log(2) + 1e-9  # at most two successors per context
+    assert corpus.floor(tokens) == pytest.approx(expected, rel=1e-12)
+    assert corpus.floor(tokens) < math.log(2) + 1e-9  # at most two successors per context
     with pytest.raises(ValueError, match="successors"):
         MarkovCorpus(vocab=8, successors=9)
 
