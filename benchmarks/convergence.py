@@ -24,7 +24,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from convergence_report import write
+from convergence_report import head_commit, write
 from markov_corpus import MarkovCorpus
 from optimizer_contenders import CONTENDERS, Contender
 
@@ -128,8 +128,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    commit = head_commit()
     rows, floor = run(args.contenders, args)
-    write(rows, floor, args)
+    write(rows, floor, args, commit)
 
 
 if __name__ == "__main__":

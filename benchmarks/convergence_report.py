@@ -25,23 +25,35 @@ def gap(loss: float, reference: float | None) -> str:
     return "–" if reference is None else f"{100 * (loss - reference) / reference:+.2f}%"
 
 
+def seed_gaps(row: dict, reference: dict | None) -> str:
+    """The range of the per-seed gaps to the reference's run with the same seed (the same weights and data):
+    paired, so it shows whether a gap of the means holds seed by seed, which the seeds' own spread hides."""
+    if reference is None:
+        return "–"
+    ref = {run["seed"]: run["curve"][-1][1] for run in reference["runs"]}
+    gaps = [(run["curve"][-1][1] - ref[run["seed"]]) / ref[run["seed"]] for run in row["runs"] if run["seed"] in ref]
+    return f"{100 * min(gaps):+.2f}% – {100 * max(gaps):+.2f}%" if gaps else "–"
+
+
 def table(rows: list[dict]) -> list[str]:
     """Final held-out loss per contender (mean and spread over seeds), and its gaps to issue 30's references."""
-    means = {r["contender"]: statistics.mean(final_losses(r)) for r in rows if r.get("runs")}
+    ran = {r["contender"]: r for r in rows if r.get("runs")}
+    means = {name: statistics.mean(final_losses(r)) for name, r in ran.items()}
     lines = [
         "| optimizer | final held-out loss, mean over seeds | seeds (min – max) | vs FusedAdamW fp32 states | "
-        "vs torchao AdamW8bit eager | s / step (one run) |",
-        "|---|---:|---:|---:|---:|---:|",
+        "per seed vs fp32 states (min – max) | vs torchao AdamW8bit eager | s / step (one run) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         if not r.get("runs"):
-            lines.append(f"| {r['contender']} | {r.get('skipped') or 'failed: ' + r['failed']} |||||")
+            lines.append(f"| {r['contender']} | {r.get('skipped') or 'failed: ' + r['failed']} ||||||")
             continue
         losses, mean = final_losses(r), means[r["contender"]]
         seconds = statistics.mean(run["seconds"] / len(run["train"]) for run in r["runs"])
         lines.append(
             f"| {r['contender']} | {mean:.4f} | {min(losses):.4f} – {max(losses):.4f} | "
-            f"{gap(mean, means.get(FP32_STATES))} | {gap(mean, means.get(TORCHAO_EAGER))} | {seconds:.3f} |"
+            f"{gap(mean, means.get(FP32_STATES))} | {seed_gaps(r, ran.get(FP32_STATES))} | "
+            f"{gap(mean, means.get(TORCHAO_EAGER))} | {seconds:.3f} |"
         )
     return lines
 
@@ -71,14 +83,19 @@ def plot(rows: list[dict], floor: float, path: Path) -> None:
     plt.close(fig)
 
 
-def write(rows: list[dict], floor: float, args: argparse.Namespace) -> None:
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=8", "HEAD"], capture_output=True, text=True)
+def head_commit() -> str:
+    """The tree's commit, read when a run starts (a run takes minutes; the branch may move meanwhile)."""
+    out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=8", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def write(rows: list[dict], floor: float, args: argparse.Namespace, commit: str) -> None:
     now = datetime.datetime.now(datetime.timezone.utc)
     out = Path(args.out_dir) if args.out_dir else ROOT / "benchmarks" / "results"
-    stem = out / f"{now:%Y%m%d-%H%M%S}_convergence_cpu_{commit.stdout.strip()}"
+    stem = out / f"{now:%Y%m%d-%H%M%S}_convergence_cpu_{commit}"
     found = ", ".join(f"{k} {v}" for k, v in versions().items())
     lines = [
-        f"Convergence, cpu ({args.threads} thread), {now:%Y-%m-%d %H:%M} UTC, commit {commit.stdout.strip()}, {found}, "
+        f"Convergence, cpu ({args.threads} thread), {now:%Y-%m-%d %H:%M} UTC, commit {commit}, {found}, "
         f"load average {os.getloadavg()[0]:.1f} at the end. TinyCausalLM (d_model {args.d_model}, {args.layers} "
         f"layers, {args.heads} heads, {args.param_dtype} params) on an order-2 Markov language (vocab {args.vocab}), "
         f"{args.steps} optimizer steps of {args.accumulation} x {args.micro_batch} sequences of {args.seq_len} "

@@ -59,21 +59,23 @@ def test_tiny_run_writes_table_json_and_plot(benchmarks: None, tmp_path: Path) -
     if "skipped" in rows[names[1]]:  # until FusedAdamW takes state_dtype
         assert rows[names[1]]["skipped"].startswith("not available in this build")
     text = md.read_text()
-    assert "| FusedAdamW fp32 states | " in text and "| +0.00% | – |" in text  # its own reference; no torchao row
+    assert "| +0.00% | +0.00% – +0.00% | – |" in text  # fp32 states: its own reference; no torchao row ran
 
 
 def test_gaps_are_relative_to_the_references(benchmarks: None) -> None:
     from convergence_report import gap, table
 
     def row(name: str, *finals: float) -> dict:
-        return {
-            "contender": name,
-            "runs": [{"curve": [(0, 9.0), (5, f)], "train": [1.0], "seconds": 1.0} for f in finals],
-        }
+        runs = [{"seed": s, "curve": [(0, 9.0), (5, f)], "train": [1.0], "seconds": 1.0} for s, f in enumerate(finals)]
+        return {"contender": name, "runs": runs}
 
     rows = [row("FusedAdamW fp32 states", 2.0, 2.2), row("torchao AdamW8bit eager", 2.0), row("other", 2.31, 2.31)]
     lines = table([*rows, {"contender": "absent", "skipped": "not installed"}])
-    assert lines[2].startswith("| FusedAdamW fp32 states | 2.1000 | 2.0000 – 2.2000 | +0.00% | +5.00% |")
-    assert lines[4].startswith("| other | 2.3100 | 2.3100 – 2.3100 | +10.00% | +15.50% |")
-    assert lines[5] == "| absent | not installed |||||"
+    assert lines[2].startswith(
+        "| FusedAdamW fp32 states | 2.1000 | 2.0000 – 2.2000 | +0.00% | +0.00% – +0.00% | +5.00% |"
+    )
+    # mean gap (2.31 - 2.1) / 2.1; per seed (2.31 - 2.0) / 2.0 and (2.31 - 2.2) / 2.2, paired by seed
+    assert lines[4].startswith("| other | 2.3100 | 2.3100 – 2.3100 | +10.00% | +5.00% – +15.50% | +15.50% |")
+    assert lines[3].startswith("| torchao AdamW8bit eager | 2.0000 | 2.0000 – 2.0000 | -4.76% | +0.00% – +0.00% |")
+    assert lines[5] == "| absent | not installed ||||||"
     assert gap(1.0, None) == "–"
