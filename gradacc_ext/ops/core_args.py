@@ -1,14 +1,14 @@
 """The argument records of the core ops: each op described once in Python.
 
-One dataclass per op of csrc/ops.cpp's core schemas (accumulate_, accumulate_final_, global_norm,
-unscale_, clip_by_norm_, clip_by_value_), as optim_args.py holds the optimizer steps'. Its fields are
-the op's arguments in schema order (tests/ops/test_core_args.py holds them equal to the compiled
-schemas), so ``record.args()`` is the positional call of torch.ops.gradacc.<NAME> and
-``Record.from_args(*args)`` reads one back. A field's default is the public op's default (api.py's
-signatures take it from here). ``OUTPUTS`` names the arguments the op writes (the schema's ``(a!)``);
-``check()`` is every rule of csrc/binding.cpp for the op, in its order, with its messages. From the
-records derive: the checks, the fake kernels (_fake.py), the public ops' calls and their memory checks
-(api.py), and `gradacc info`'s op list (CORE_RECORDS).
+One dataclass per core op (accumulate_, accumulate_final_, global_norm, unscale_, clip_by_norm_,
+clip_by_value_), as optim_args.py holds the optimizer steps'. Its fields are the op's arguments in
+schema order, as csrc/core_ops.h (the C++ description the schemas are made from) names them;
+tests/ops/test_core_args.py holds both equal to the compiled schemas. So ``record.args()`` is the
+positional call of torch.ops.gradacc.<NAME> and ``Record.from_args(*args)`` reads one back. A field's
+default is the public op's default (api.py's signatures take it from here). ``OUTPUTS`` names the
+arguments the op writes (the schema's ``(a!)``); ``check()`` is every rule of csrc/binding.cpp for the
+op, in its order, with its messages. From the records derive: the checks, the fake kernels (_fake.py),
+the public ops' calls and their memory checks (api.py), and `gradacc info`'s op list (CORE_RECORDS).
 """
 
 from __future__ import annotations

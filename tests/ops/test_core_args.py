@@ -14,7 +14,7 @@ from gradacc_ext.cli import envinfo
 from gradacc_ext.ops.core_args import CORE_RECORDS, Accumulate, CoreOp
 from gradacc_ext.ops.optim_args import RECORDS
 
-# The public schemas as released: csrc/core_traits.h generates them, and must keep generating them
+# The public schemas as released: csrc/core_ops.h generates them, and must keep generating them
 # character for character.
 RELEASED_SCHEMAS = {
     "accumulate_": "gradacc::accumulate_(Tensor(a!)[] bufs, Tensor[] grads, float alpha, Tensor? alpha_tensor, "
