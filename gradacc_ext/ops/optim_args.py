@@ -5,7 +5,7 @@ One dataclass per op: the fields every step takes (OptimStep) and the op's own, 
 as csrc/kernels/optim_traits.cuh generates the schema from the same names (tests/ops/test_ops_optim.py
 holds them equal), so ``record.args()`` is the positional call of torch.ops.gradacc.<op> and
 ``Record.from_args(*args)`` reads one back. The checks (_checks_optim.check_step), the reference
-(reference_optim), the fake kernels (_fake_optim), the Python API (optim_api) and the host
+(reference_optim), the fake kernels (_fake), the Python API (optim_api) and the host
 emulation all take the record. A record also holds its op's option rules, with torch.optim's
 wording and the number as C++ prints it, rule for rule those of the C++ traits.
 """
