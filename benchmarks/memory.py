@@ -8,9 +8,9 @@ optimizer state, per parameter. On CPU they come from the allocator itself (torc
 profile_memory: every CPU allocation and free, in order); on CUDA from torch.cuda.max_memory_allocated.
 Peaks include activations, which are the same for every implementation. Time: mean micro-step and
 window wall time over the timed windows, all implementations in the same run. The baseline
-implementation is the package at --baseline, exported with `git archive` and run with this tree's
-compiled extension and memory probe (shared). Writes <date>_memory_<device>_<commit>.{json,md} under
-benchmarks/results/.
+implementation is the tree at --baseline, exported with `git archive` and built with its own
+extension (once per commit, under --baseline-cache), with this tree's memory probe.
+Writes <date>_memory_<device>_<commit>.{json,md} under benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -171,12 +170,23 @@ def _held(model: torch.nn.Module, acc: object) -> int:
     return sum(t.numel() * t.element_size() for t in held)
 
 
-def export_baseline(ref: str, into: Path) -> Path:
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "gradacc_ext"], check=True, capture_output=True)
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    for so in (ROOT / "gradacc_ext").glob("_C*.so"):
-        shutil.copy(so, into / "gradacc_ext" / so.name)
-    # The probe that reads the allocator (memory_probes imports it) is this tree's, like the compiled kernels.
+def export_baseline(ref: str, cache: Path, device: str) -> Path:
+    """The tree at `ref`, exported with `git archive` and its extension built in place from its own sources (an
+    older tree's Python calls its own ops' schemas, which this tree's _C no longer has). Built once per commit
+    and device kind into `cache` (minutes on a small machine); the allocator probe is this tree's."""
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", ref], check=True, capture_output=True, text=True)
+    into = cache / f"{sha.stdout.strip()}-{'cuda' if device.startswith('cuda') else 'cpu'}"
+    if not any((into / "gradacc_ext").glob("_C*.so")):
+        shutil.rmtree(into, ignore_errors=True)
+        into.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+        env = {**os.environ, "GRADACC_NO_CUDA": "0" if device.startswith("cuda") else "1"}
+        print(f"building the baseline {ref}'s extension in {into} ...", flush=True)
+        build = [sys.executable, "setup.py", "build_ext", "--inplace"]
+        out = subprocess.run(build, cwd=into, env=env, capture_output=True, text=True)
+        if out.returncode:
+            raise SystemExit(f"the baseline {ref} did not build:\n{out.stderr[-3000:]}")
     probe = Path("gradacc_ext", "benchmarking", "memory.py")
     shutil.copy(ROOT / probe, into / probe)
     return into
@@ -196,6 +206,11 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=2, help="timed windows per implementation")
     # 5d7c6ab: main just before issue 9 (gradients materialised in full, then folded; persistent cast copies).
     parser.add_argument("--baseline", default="5d7c6ab", help="git ref of the baseline implementation")
+    parser.add_argument(
+        "--baseline-cache",
+        default=str(Path.home() / ".cache" / "gradacc_ext" / "baselines"),
+        help="where baseline trees are exported and built, once per commit",
+    )
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=IMPLS, help="implementations to run")
     parser.add_argument("--case", choices=list(CASES), help=argparse.SUPPRESS)
     parser.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)
@@ -204,22 +219,22 @@ def main() -> None:
         print(json.dumps(worker(args)))
         return
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        baseline = export_baseline(args.baseline, Path(tmp))
-        for case in CASES:
-            for impl in args.impls:
-                if impl == "plain grad_dtype=fp32" and case != "bf16+fp32 acc":
-                    continue
-                if impl == "gradacc grad_views" and case == "bf16+fp32 acc":
-                    continue  # grad and buffer dtypes differ: no view is ever attached, the same as gradacc
-                path = str(baseline if impl == "gradacc baseline" else ROOT)
-                env = {**os.environ, "PYTHONPATH": path}
-                argv = sys.argv[1:] + ["--case", case, "--impl", impl]
-                out = subprocess.run([sys.executable, __file__, *argv], env=env, capture_output=True, text=True)
-                if out.returncode:
-                    raise SystemExit(f"{case} / {impl} failed:\n{out.stderr[-3000:]}")
-                rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-                print(rows[-1], flush=True)
+    wants_baseline = "gradacc baseline" in args.impls
+    baseline = export_baseline(args.baseline, Path(args.baseline_cache), args.device) if wants_baseline else None
+    for case in CASES:
+        for impl in args.impls:
+            if impl == "plain grad_dtype=fp32" and case != "bf16+fp32 acc":
+                continue
+            if impl == "gradacc grad_views" and case == "bf16+fp32 acc":
+                continue  # grad and buffer dtypes differ: no view is ever attached, the same as gradacc
+            path = str(baseline if impl == "gradacc baseline" else ROOT)
+            env = {**os.environ, "PYTHONPATH": path}
+            argv = sys.argv[1:] + ["--case", case, "--impl", impl]
+            out = subprocess.run([sys.executable, __file__, *argv], env=env, capture_output=True, text=True)
+            if out.returncode:
+                raise SystemExit(f"{case} / {impl} failed:\n{out.stderr[-3000:]}")
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(rows[-1], flush=True)
     write(rows, args)
 
 
@@ -234,7 +249,9 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
         f"(width {args.width}, {args.layers} layers, vocab {args.vocab}, ctx {args.ctx}), micro-batch "
         f"{args.micro_batch}, 4 micro-steps, AdamW, bucket {bucket:,} bytes. "
         "B/param: bytes above model + optimizer state / parameters; peaks include activations (the same for "
-        "every implementation). Times: mean of the timed windows.",
+        "every implementation). Times: mean of the timed windows (load average "
+        f'{os.getloadavg()[0]:.1f} at the end). "gradacc baseline": the tree at {args.baseline}, built from its '
+        "own sources.",
         "",
         "| case | implementation | held between windows B/param | peak in window B/param | "
         "grads outside buffers, micro-step 1 / 2-4, B/param | micro-step ms | window ms |",

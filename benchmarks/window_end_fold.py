@@ -18,12 +18,19 @@ buffers: fold 4 + 4 + 4 = 12, norm pass 4, the AdamW step 28, counted by the mod
 accumulate_final_'s CPU kernel reads each 64 Ki-element chunk a second time for its statistics while
 the chunk is in cache; the count (and the model) are memory traffic, so that read is not in it.
 
+--fused-linear: the Linear layers' weights and biases (every 2-D tensor but the two embeddings, and the
+1-D tensor after each) are written as gradient_accumulation_fusion's GEMM writes them
+(WindowSums.write_directly, then an in-place add: 12 B/element, counted by the model), in both contenders.
+The folded norm then still takes a norm pass over those views alone (fold_norm.py: the GEMM's write
+gathers no partial); the question is whether that part costs less than today's full pass.
+
     PYTHONPATH=. python benchmarks/window_end_fold.py --workload gpt2-small --scale 0.25 --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import time
@@ -38,7 +45,6 @@ from gradacc_ext.benchmarking.workloads import WORKLOADS, make_workload
 
 LR, MAX_NORM, LOSS_SCALE, STEPS = 1e-4, 1.0, 1024.0, 4
 STEP_BYTES = 28  # AdamW: reads param, grad, exp_avg, exp_avg_sq (16), writes param, exp_avg, exp_avg_sq (12)
-MODEL = {"today (norm pass)": 12 + 4 + STEP_BYTES, "folded norm": 12 + STEP_BYTES}
 
 
 class ByteCount:
@@ -74,9 +80,19 @@ class ByteCount:
             setattr(gradacc_ext.ops, name, fn)
 
 
-def make_window_end(shapes, folded: bool) -> tuple[Callable[[], tuple[float, float]], int, torch.Tensor]:
+def fused_linear_views(shapes) -> set[int]:
+    """The GPT-shaped sets' Linear weights and biases: every 2-D tensor but the embeddings (the first two), and
+    the 1-D tensor right after each (its bias; LayerNorm pairs follow 1-D tensors)."""
+    weights = {i for i, s in enumerate(shapes) if len(s) == 2 and i >= 2}
+    return weights | {i + 1 for i in weights if i + 1 < len(shapes) and len(shapes[i + 1]) == 1}
+
+
+def make_window_end(
+    shapes, folded: bool, fused: set[int]
+) -> tuple[Callable[[], tuple[float, float]], int, torch.Tensor]:
     """An accumulator whose window lacks its last micro-step; returns a function timing that micro-step's fold and
-    the window close (seconds), the param count and the window end's norm tensor (updated by each close)."""
+    the window close (seconds), the param count and the window end's norm tensor (updated by each close).
+    `fused`: the views the fused Linear's GEMM writes in the last micro-step (no fold, no partial)."""
     g = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
     config = GradientAccumulationConfig(
@@ -100,7 +116,11 @@ def make_window_end(shapes, folded: bool) -> tuple[Callable[[], tuple[float, flo
         t0 = time.perf_counter()
         sums.begin(last=True)
         for i in reversed(range(len(params))):  # backward's order, one fold per param (bucket_size_bytes=1)
-            sums.add([i], [last[i]], 1.0)
+            if i in fused:  # the GEMM's beta=1 write: view = view + grad, in place
+                view, beta = sums.write_directly(i)
+                view.add_(last[i]) if beta else view.copy_(last[i])
+            else:
+                sums.add([i], [last[i]], 1.0)
         sums.commit()
         window.commit(False, 1.0, completes_micro_batch=True)
         t1 = time.perf_counter()
@@ -117,14 +137,20 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=0.25)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--fused-linear", action="store_true", help="the Linear views are written by the GEMM")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     workload = make_workload(args.workload, args.scale)
     load = os.getloadavg()[0]
+    fused = fused_linear_views(workload.shapes) if args.fused_linear else set()
+    share = sum(math.prod(workload.shapes[i]) for i in fused) / sum(math.prod(s) for s in workload.shapes)
+    model = {"today (norm pass)": 12 + 4 + STEP_BYTES, "folded norm": 12 + 4 * share + STEP_BYTES}
     print(f"{workload.name} @{args.scale}: {workload.summary()}; {args.threads} thread(s); load {load:.1f}")
+    if fused:
+        print(f"fused Linear views: {len(fused)} tensors, {share:.1%} of the elements (GEMM-written, 12 B/element)")
     fns, numel, per_param, norms = {}, 0, {}, {}
-    for name in MODEL:
-        fn, numel, norms[name] = make_window_end(workload.shapes, folded=name == "folded norm")
+    for name in model:
+        fn, numel, norms[name] = make_window_end(workload.shapes, name == "folded norm", fused)
         fn()  # warm-up: optimizer state, first touch
         with ByteCount() as count:
             fn()
@@ -138,9 +164,9 @@ def main() -> None:
     for name, runs in times.items():
         fold, close = (1e3 * statistics.median(part) for part in zip(*runs, strict=True))
         both = 1e3 * statistics.median(a + b for a, b in runs)
-        counted = per_param[name] + STEP_BYTES
-        print(f"| {name} | {fold:.2f} | {close:.2f} | {both:.2f} | {counted:.2f} | {MODEL[name]} |")
-    today, folded = (norms[name].item() for name in MODEL)
+        counted = per_param[name] + STEP_BYTES + 12 * share  # + the GEMM's writes, by the model
+        print(f"| {name} | {fold:.2f} | {close:.2f} | {both:.2f} | {counted:.2f} | {model[name]:.2f} |")
+    today, folded = (norms[name].item() for name in model)
     if abs(folded - today) > 1e-5 * today:  # the same window from the same state: the same norm
         raise SystemExit(f"the folded norm {folded} differs from today's {today}")
     print(f"norm (unscaled, both) {today:.6g} / {folded:.6g}; load after: {os.getloadavg()[0]:.1f}")

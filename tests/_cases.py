@@ -3,9 +3,11 @@ data parallel): a small MLP, random (and padded token) batches, and the referenc
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
+import gradacc_ext.ops
 from gradacc_ext import GradientAccumulator
 
 TOL = {torch.float64: dict(rtol=1e-10, atol=1e-12), torch.float32: dict(rtol=2e-5, atol=2e-6)}
@@ -100,3 +102,52 @@ def padded_batches(n: int, seed: int, dtype: torch.dtype, max_len: int = 9):
 def token_sum(model, batch) -> torch.Tensor:
     x, y, mask = batch
     return (((model(x) - y) ** 2).sum(-1) * mask).sum()
+
+
+class OpCounter:
+    """Wraps ops.global_norm and ops.accumulate_final_: the bytes the norm pass read, the last fold's calls."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.norm_bytes = 0
+        self.norm_calls = 0
+        self.final_calls = 0
+        norm, final = gradacc_ext.ops.global_norm, gradacc_ext.ops.accumulate_final_
+
+        def counted_norm(tensors, *args, **kwargs):
+            tensors = list(tensors)
+            self.norm_calls += 1
+            self.norm_bytes += sum(t.numel() * t.element_size() for t in tensors)
+            return norm(tensors, *args, **kwargs)
+
+        def counted_final(*args, **kwargs):
+            self.final_calls += 1
+            return final(*args, **kwargs)
+
+        monkeypatch.setattr(gradacc_ext.ops, "global_norm", counted_norm)
+        monkeypatch.setattr(gradacc_ext.ops, "accumulate_final_", counted_final)
+
+
+class FailInBackward(torch.autograd.Function):
+    """Identity in forward; its backward raises (a failure after part of the gradient may have been folded)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("injected")
+
+
+class OOMInBackward(torch.autograd.Function):
+    """Identity in forward; its backward counts on `owner.ooms` and raises torch.OutOfMemoryError."""
+
+    @staticmethod
+    def forward(ctx, x, owner):
+        ctx.owner = owner
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.owner.ooms += 1
+        raise torch.OutOfMemoryError("injected in backward")

@@ -320,11 +320,15 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
 
     # -- checkpointing ----------------------------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
-        """Mid-window buffers, counters and loss scale; save it with the model, optimizer and scheduler."""
+    def state_dict(self, replicated: bool = False) -> dict[str, Any]:
+        """Mid-window buffers, counters and loss scale; save it with the model, optimizer and scheduler.
+
+        replicated=True: one plain state that every rank can load, for frameworks that save rank 0's file alone
+        (Lightning under DDP); only at a window boundary (raises mid-window, changing nothing).
+        """
         if self._in_micro_step:
             raise RuntimeError("GradientAccumulator.state_dict: called inside micro_step()")
-        return self._checkpoint.state_dict()
+        return self._checkpoint.state_dict(replicated)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._checkpoint.load_state_dict(state)

@@ -45,8 +45,19 @@ class Checkpoint:
         self.stepper = stepper
         self.sync = sync
 
-    def state_dict(self) -> dict[str, Any]:
-        """Changes nothing: a pending scheduler decision is saved as it is, never taken here."""
+    def state_dict(self, replicated: bool = False) -> dict[str, Any]:
+        """Changes nothing: a pending scheduler decision is saved as it is, never taken here.
+
+        replicated: one state that is every rank's, for a framework that saves rank 0's file alone (Lightning):
+        only at a window boundary, where no rank holds sums or items of its own (the counters, the loss scale
+        and a deferred step's outcome are the same on every rank: each window closes on all of them together).
+        """
+        if replicated and self.window.micro:
+            raise RuntimeError(
+                "GradientAccumulator.state_dict(replicated=True): the open window holds this rank's own sums of "
+                f"{self.window.micro} micro-step(s), which one state for every rank cannot hold; save at a window "
+                "boundary, or save every rank's state (replicated=False, with torch.distributed.checkpoint)"
+            )
         state = {
             "version": STATE_VERSION,
             "pending_step_skipped": self.stepper.pending_state(),
@@ -57,11 +68,14 @@ class Checkpoint:
             "stats": self.stats.counters(),
             "loss_scale": self.loss_scale.state_dict() if self.loss_scale is not None else None,
         }
+        if replicated:
+            return {**state, "replicated": True}
         return self.sync.wrap_state(state, self.buffers)  # sharded and per-rank values as DTensors
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Checks everything before changing anything, so a rejected state leaves the accumulator as it was."""
-        state = self.sync.unwrap_state(state, self.buffers)
+        if not state.get("replicated"):
+            state = self.sync.unwrap_state(state, self.buffers)
         if state.get("version") not in READABLE_VERSIONS:
             raise ValueError(
                 f"GradientAccumulator.load_state_dict: unknown state version {state.get('version')!r}, "

@@ -7,11 +7,12 @@ folded its gradients. Clipping acts on the fully accumulated, unscaled gradient.
 Two ways through the same sequence:
   fused (config.fused_step, gradacc_ext.optim.fused_step_for): the norm of the sums as they stand,
     then ONE optimizer pass whose grad_mult = inv_scale x clip coefficient is a device scalar: no
-    unscale pass, no clip pass, no param.grad, no host sync. In one process with norm type 2 or inf
-    the window's last fold gathered the norm's partials as it wrote the sums (fold_norm.py): only the
+    unscale pass, no clip pass, no param.grad, no host sync. Where the window's last fold writes the final
+    sums (one process; FSDP2/HSDP, which reduce inside the closing backward, on their shards) and the norm
+    type is 2 or inf, that fold gathered the norm's partials as it wrote the sums (fold_norm.py): only the
     views it did not write take a read-only norm pass, so the step reads each buffer once. Elsewhere
-    (another order, data parallel: the sums are final only after the window's reduce, a flush()ed
-    window whose last fold did not know it was last) the norm is a read-only pass over the sums;
+    (another order; DDP: the sums are final only after the window's all-reduce; a flush()ed window whose
+    last fold did not know it was last) the norm is a read-only pass over the sums;
   separate passes (any other optimizer, clip_value, float64 buffers): unscale and norm in one pass,
     clip in place, then param.grad = the buffers and optimizer.step() (or, where the optimizer takes the
     fused step, that step with no multiplier).
@@ -60,9 +61,10 @@ class WindowEnd:
         # clip_value clamps the unscaled elements, and the op's grad_mult is fp32: float64 buffers are unscaled
         # and clipped in float64 first (~1e-12 agreement), then stepped with no multiplier.
         self.separate_passes = self.tail is None or config.clip_value is not None or self.scalar_dtype == torch.float64
-        # The last fold gathers the norm where the sums are final at that fold: one process (a data-parallel
-        # strategy reduces the sums after it), and the fused step (the separate passes unscale first).
-        if not self.separate_passes and not sync.reduces and config.norm_type in FOLD_NORM_TYPES:
+        # The last fold gathers the norm where the sums are final at that fold: one process and FSDP2/HSDP (DDP
+        # reduces the sums after it; distributed/*.py, sums_final_at_last_fold), and the fused step (the separate
+        # passes unscale first).
+        if not self.separate_passes and sync.sums_final_at_last_fold and config.norm_type in FOLD_NORM_TYPES:
             buffers.sums.fold_norm_type = float(config.norm_type)
 
     def close(self, window: Window) -> None:

@@ -74,6 +74,9 @@ class LocalSync:
     reduces = False  # the accumulator sums buffers and counts across ranks itself
     weights_micro_batches = True  # False: reduced in backward, before the hooks: weights go into the loss
     splits_alone = True  # no collective inside a micro-step: ranks may split a micro-batch differently (adaptive)
+    # The window's last fold writes its final sums (nothing reduces them after it), so that fold can gather the
+    # window's norm (accumulate/fold_norm.py) and the window end need not read the buffers again.
+    sums_final_at_last_fold = True
     name = "local"
 
     def context(self, final: bool) -> contextlib.AbstractContextManager:

@@ -58,6 +58,7 @@ def all_reduce_sum(
 class DDPSync(LocalSync):
     needs_context = True
     reduces = True
+    sums_final_at_last_fold = False  # the window end all-reduces the sums after the last fold (overlap: no fold)
     name = "ddp"
 
     def __init__(self, model: DistributedDataParallel, comm_dtype: torch.dtype | None = None) -> None:

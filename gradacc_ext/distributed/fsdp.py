@@ -59,6 +59,11 @@ class FSDP2Sync(LocalSync):
     reduces = True
     weights_micro_batches = False  # FSDP reduces each micro-step's gradient before the hooks see it
     splits_alone = False  # forward/backward run collectives: a rank splitting alone would desync them
+    # Every mode reduces inside the closing backward, before the hooks fold the reduced shards: "micro_step"
+    # reduce-scatters each micro-step's gradient, "window" and HSDP's deferred all-reduce release FSDP's own
+    # held sums there. The last fold writes final shards, so it gathers the norm on them (fold_norm.py) and
+    # global_norm combines the shards' partials. A flush()ed window folds outside a last micro-step: full pass.
+    sums_final_at_last_fold = True
 
     def __init__(self, model: torch.nn.Module, params: Sequence[torch.nn.Parameter], mode: str, hsdp: bool) -> None:
         self.model = model

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.nn.parallel import DistributedDataParallel
 
@@ -38,6 +38,7 @@ def _require_process_group(what: str) -> None:
 def check_setup(module: torch.nn.Module | None, params: Sequence[torch.nn.Parameter], config: SyncConfig) -> str:
     """Returns "local", "ddp", "fsdp" or "hsdp"; raises a clear error for a setup that cannot work."""
     sharded = [isinstance(p, DTensor) for p in params]
+    _refuse_fsdp1(module)
     if isinstance(module, DistributedDataParallel):
         _require_process_group("a DistributedDataParallel model")
         kind, world = "ddp", dist.get_world_size(module.process_group)
@@ -68,6 +69,20 @@ def check_setup(module: torch.nn.Module | None, params: Sequence[torch.nn.Parame
             )
     _check_world(config, world, kind)
     return kind
+
+
+def _refuse_fsdp1(module: torch.nn.Module | None) -> None:
+    """FSDP1 (FullyShardedDataParallel) shards flat parameters that are plain tensors: taken for one process, the
+    window's norm, clip and found_inf would be one rank's, silently wrong under clipping. Refused by name."""
+    wrapped = [name or "the model" for name, m in (module.named_modules() if module is not None else [])
+               if isinstance(m, FullyShardedDataParallel)]  # fmt: skip
+    if wrapped:
+        raise TypeError(
+            f"GradientAccumulator: {wrapped[0]} is wrapped in FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel), "
+            "which is not supported: its flat parameters look like one process's, so the window's norm and found_inf "
+            "would be one rank's. Shard the model with FSDP2's fully_shard (torch.distributed.fsdp.fully_shard; "
+            "Accelerate: FullyShardedDataParallelPlugin(fsdp_version=2)), or use DistributedDataParallel"
+        )
 
 
 def _check_sharded(

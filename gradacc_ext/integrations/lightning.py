@@ -35,6 +35,7 @@ class GradientAccumulatorCallback(pl.Callback):
         self.accumulator: GradientAccumulator | None = None
         self._pending_state: dict[str, Any] | None = None
         self._windows_counted = 0
+        self._ranks = 1  # Lightning saves rank 0's checkpoint alone: with more, the state must be every rank's
 
     @property
     def state_key(self) -> str:
@@ -60,6 +61,7 @@ class GradientAccumulatorCallback(pl.Callback):
             self.accumulator.load_state_dict(self._pending_state)
             self._pending_state = None
         self._windows_counted = self._windows()
+        self._ranks = trainer.world_size
         setattr(pl_module, self.attribute, self.accumulator)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
@@ -83,7 +85,17 @@ class GradientAccumulatorCallback(pl.Callback):
         self._pending_state = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {} if self.accumulator is None else {"accumulator": self.accumulator.state_dict()}
+        if self.accumulator is None:
+            return {}
+        try:  # under DDP: one plain state, the same on every rank (at a window boundary), in rank 0's file
+            return {"accumulator": self.accumulator.state_dict(replicated=self._ranks > 1)}
+        except RuntimeError as error:
+            raise RuntimeError(
+                f"GradientAccumulatorCallback: Lightning saves rank 0's checkpoint alone, and with {self._ranks} "
+                "ranks an open window's sums are each rank's own; checkpoint at a window boundary (a ModelCheckpoint "
+                "with every_n_train_steps counts windows; the epoch's end closes the last one; validation in the "
+                "middle of a window does not). " + str(error)
+            ) from error
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # Lightning restores callbacks before on_fit_start builds the accumulator.

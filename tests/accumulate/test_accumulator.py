@@ -128,8 +128,6 @@ def test_counting_and_scheduler_only_on_real_steps():
         assert len(acc.grad_norm_history()) == math.ceil(num_batches / n)
 
 
-
-
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 @pytest.mark.parametrize("items_as_tensor", [False, True])
 def test_token_weighted_equals_full_batch_token_mean(mode, items_as_tensor):

@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from _cases import IN, OUT, assert_params_close, make_batches, make_model, mse
+from _cases import IN, OUT, FailInBackward, assert_params_close, make_batches, make_model, mse
 from torch.profiler import ProfilerActivity, profile
 
 from gradacc_ext.accumulate.accumulator import GradientAccumulator
@@ -250,16 +250,6 @@ def test_bad_input_names_the_field_and_writes_nothing():
     assert hook_count(cpu) == 0 and torch.equal(cpu.grad, before)
 
 
-class _FailInBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise RuntimeError("injected")
-
-
 def test_failed_backward_after_folding():
     """Folded first writes are undone exactly; a failure after adding to earlier micro-steps' sums discards the
     window, and the accumulator refuses to go on until discard_window() (a retry would be silently wrong)."""
@@ -268,7 +258,7 @@ def test_failed_backward_after_folding():
 
     def failing(m, batch):
         x, y = batch  # the last layer's gradients are folded (bucket of 1 byte) before the first layer fails
-        return F.mse_loss(m[2](m[1](_FailInBackward.apply(m[0](x)))), y)
+        return F.mse_loss(m[2](m[1](FailInBackward.apply(m[0](x)))), y)
 
     config = GradientAccumulationConfig(accumulation_steps=3, bucket_size_bytes=1)
     with GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), config) as acc:

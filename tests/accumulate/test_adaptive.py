@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from _cases import TOL, assert_params_close, make_batches, padded_batches, token_sum
+from _cases import TOL, OOMInBackward, assert_params_close, make_batches, padded_batches, token_sum
 
 from gradacc_ext.accumulate.accumulator import GradientAccumulator
 from gradacc_ext.accumulate.adaptive import AdaptiveGradientAccumulator, split_batch
@@ -29,20 +29,8 @@ class OOMAbove(torch.nn.Module):
             raise torch.OutOfMemoryError(f"injected: {x.shape[0]} > {self.limit}")
         out = self.net(x)
         if x.shape[0] > self.limit and self.where == "backward":
-            return _OOMInBackward.apply(out, self)
+            return OOMInBackward.apply(out, self)
         return out
-
-
-class _OOMInBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, owner):
-        ctx.owner = owner
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.owner.ooms += 1
-        raise torch.OutOfMemoryError("injected in backward")
 
 
 def mean_loss(model, batch):

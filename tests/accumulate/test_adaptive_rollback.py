@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from _cases import assert_params_close, make_batches
+from _cases import OOMInBackward, assert_params_close, make_batches
 
 from gradacc_ext.accumulate.adaptive import AdaptiveGradientAccumulator
 from gradacc_ext.accumulate.config import GradientAccumulationConfig
@@ -33,19 +33,7 @@ class OOMOnCall(torch.nn.Module):
         if self.where == "forward":
             self.ooms += 1
             raise torch.OutOfMemoryError(f"injected in forward call {self.nth}")
-        return _OOMInBackward.apply(x, self)
-
-
-class _OOMInBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, owner):
-        ctx.owner = owner
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.owner.ooms += 1
-        raise torch.OutOfMemoryError("injected in backward")
+        return OOMInBackward.apply(x, self)
 
 
 def make_model(seed: int, oom: torch.nn.Module) -> torch.nn.Sequential:

@@ -11,8 +11,8 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from _cases import IN, assert_params_close, make_batches, make_model, mse
-from test_accumulator_memory import Tied, _FailInBackward, plain_loop, run
+from _cases import IN, FailInBackward, assert_params_close, make_batches, make_model, mse
+from test_accumulator_memory import Tied, plain_loop, run
 
 from gradacc_ext.accumulate.accumulator import GradientAccumulator
 from gradacc_ext.accumulate.config import GradientAccumulationConfig
@@ -143,7 +143,7 @@ def test_failed_backward_into_views_discards_the_window():
 
     def failing(m, batch):
         x, y = batch
-        return F.mse_loss(m[2](m[1](_FailInBackward.apply(m[0](x)))), y)
+        return F.mse_loss(m[2](m[1](FailInBackward.apply(m[0](x)))), y)
 
     config = GradientAccumulationConfig(accumulation_steps=3, grad_views=True)
     with GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), config) as acc:

@@ -7,6 +7,8 @@ decision used to be resolved after the scheduler had been captured.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -71,3 +73,31 @@ def test_resume_equals_uninterrupted(opt_kind, sched_kind, amp, tmp_path):
             assert run_sched.get_last_lr() == sched.get_last_lr()
             assert (run_acc.optimizer_steps, run_acc.skipped_steps) == (acc.optimizer_steps, acc.skipped_steps)
         assert acc.optimizer_steps + acc.skipped_steps == 3
+
+
+def test_replicated_state_only_at_a_window_boundary():
+    """state_dict(replicated=True) (one state for every rank: Lightning under DDP) refuses an open window and
+    changes nothing; at a boundary it resumes exactly, the same as the per-process state."""
+    batches = make_batches(2 * N, 4, torch.float32, 3)
+    model, opt, sched, acc = build("fused", "lambda", "fp16", 0)
+    feed(acc, model, batches[: N + 1])  # one window closed, one micro-step into the next
+    before = acc.state_dict()
+    with pytest.raises(RuntimeError, match=r"replicated=True.*1 micro-step\(s\).*window boundary"):
+        acc.state_dict(replicated=True)
+    assert acc.micro_steps_in_window == 1
+    torch.testing.assert_close(acc.state_dict()["buffers"], before["buffers"], rtol=0, atol=0)
+    feed(acc, model, batches[N + 1 : 2 * N])  # closes the second window
+    # the accumulator's last, as a checkpoint takes them; copies, as a file would be (state_dict() returns references)
+    saved = copy.deepcopy([m.state_dict() for m in (model, opt, sched)])
+    state = acc.state_dict(replicated=True)
+    assert state["replicated"] and state["micro"] == 0
+    model2, opt2, sched2, acc2 = build("fused", "lambda", "fp16", 0)
+    for m, s in zip((model2, opt2, sched2), saved, strict=True):
+        m.load_state_dict(s)
+    acc2.load_state_dict(state)
+    more = make_batches(N, 4, torch.float32, 4)
+    feed(acc, model, more)
+    feed(acc2, model2, more)
+    for p, q in zip(model.parameters(), model2.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    assert (acc2.optimizer_steps, acc2.skipped_steps) == (acc.optimizer_steps, acc.skipped_steps)

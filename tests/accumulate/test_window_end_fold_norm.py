@@ -13,40 +13,16 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from _cases import IN, OUT, assert_params_close, make_batches, make_model
+from _cases import IN, OUT, FailInBackward, OpCounter, assert_params_close, make_batches, make_model
 from test_accumulator_fused import make_opt, plain_loop
 from test_adaptive import OOMAbove, run
 
-import gradacc_ext.ops
 from gradacc_ext import GradientAccumulator
 from gradacc_ext.accumulate.adaptive import AdaptiveGradientAccumulator
 from gradacc_ext.accumulate.config import GradientAccumulationConfig
 
 F32, F64 = torch.float32, torch.float64
 NORMS = [pytest.param(2.0, id="l2"), pytest.param(math.inf, id="linf")]
-
-
-class OpCounter:
-    """Wraps ops.global_norm and ops.accumulate_final_: the bytes the norm pass read, the last fold's calls."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.norm_bytes = 0
-        self.norm_calls = 0
-        self.final_calls = 0
-        norm, final = gradacc_ext.ops.global_norm, gradacc_ext.ops.accumulate_final_
-
-        def counted_norm(tensors, *args, **kwargs):
-            tensors = list(tensors)
-            self.norm_calls += 1
-            self.norm_bytes += sum(t.numel() * t.element_size() for t in tensors)
-            return norm(tensors, *args, **kwargs)
-
-        def counted_final(*args, **kwargs):
-            self.final_calls += 1
-            return final(*args, **kwargs)
-
-        monkeypatch.setattr(gradacc_ext.ops, "global_norm", counted_norm)
-        monkeypatch.setattr(gradacc_ext.ops, "accumulate_final_", counted_final)
 
 
 class TwoBranch(torch.nn.Module):
@@ -60,18 +36,8 @@ class TwoBranch(torch.nn.Module):
     def forward(self, x: torch.Tensor, use_extra: bool = True, fail_main: bool = False) -> torch.Tensor:
         main = self.main(x)
         if fail_main:
-            main = _FailInBackward.apply(main)
+            main = FailInBackward.apply(main)
         return main + self.extra(x) if use_extra else main  # extra's backward runs first (created last)
-
-
-class _FailInBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise RuntimeError("injected")
 
 
 def reference_norm(model: torch.nn.Module, batches, uses, norm_type: float) -> float:

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from _cases import make_batches, make_model
+from _cases import FailInBackward, make_batches, make_model
 
 from gradacc_ext.accumulate.accumulator import GradientAccumulator
 from gradacc_ext.accumulate.buffers import GradBuffers
@@ -83,16 +83,6 @@ def test_commit_keeps_and_an_addition_into_an_earlier_sum_discards_the_window():
         sums.commit()
 
 
-class _FailInBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise RuntimeError("injected")
-
-
 def test_rollback_shows_the_restored_views_as_grad_again():
     """grad_views: after a weight-1 micro-step .grad is the view; a weighted backward detaches it and fails before
     adding anything: the rollback is exact and .grad is the same view, holding the same sum, bit for bit."""
@@ -105,7 +95,7 @@ def test_rollback_shows_the_restored_views_as_grad_again():
         shown = [p.grad for p in model.parameters()]
         before = [g.clone() for g in shown]
         assert all(g is acc._sums.view(i) for i, g in enumerate(shown))
-        failing = F.mse_loss(_FailInBackward.apply(model(x2)), y2)  # fails before any parameter's gradient
+        failing = F.mse_loss(FailInBackward.apply(model(x2)), y2)  # fails before any parameter's gradient
         with pytest.raises(RuntimeError, match="injected"):
             acc._backprop.run(failing, 0.5, 0.5, weighted=False, completes_micro_batch=True, final=False)
         assert not acc._backprop.discarded and acc.micro_steps_in_window == 1

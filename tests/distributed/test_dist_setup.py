@@ -26,7 +26,7 @@ from _dist import (
     shard,
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 
 from gradacc_ext import AdaptiveGradientAccumulator, GradientAccumulationConfig, GradientAccumulator
 
@@ -86,6 +86,13 @@ def worker(rank: int, world: int) -> None:
         r"world_size=1, but the fsdp model runs data-parallel over 2 ranks.*not a multiple",
         lambda: GradientAccumulator(model, sgd(model), planned),
     )
+    fsdp1 = FullyShardedDataParallel(make_model(), device_id=torch.device("cpu"))  # its params: plain flat shards
+    expect(
+        TypeError,
+        r"the model is wrapped in FSDP1 .*fully_shard",
+        lambda: GradientAccumulator(fsdp1, sgd(fsdp1), config()),
+    )
+    assert all(p.grad is None and not p._post_accumulate_grad_hooks for p in fsdp1.parameters())  # nothing attached
     ddp = torch.nn.parallel.DistributedDataParallel(make_model().to(torch.bfloat16))
     expect(
         ValueError,

@@ -18,6 +18,7 @@ from math import inf
 import pytest
 import torch
 import torch.distributed as dist
+from _cases import OpCounter
 from _dist import (
     IN,
     LR,
@@ -111,15 +112,22 @@ def check_cases(rank: int, world: int, mesh, cases) -> None:
 
 def check_fused_tail(rank: int, world: int, mesh, cases, make=make_model) -> None:
     """float32, where normaliser and clip coefficient ride in the op's grad multiplier: the fused tail equals
-    the plain tail and the one-process loop, and the optimizer state stays torch's, as DTensors."""
-    for kind, reduce, close, inject in cases:
-        skip = None if inject is None else inject[0] // STEPS
-        ref = reference(kind, world, SEED, skip, dtype=torch.float32, make=make)
+    the plain tail and the one-process loop, and the optimizer state stays torch's, as DTensors. The fused
+    tail's norm comes from the last fold (counted: no norm pass but a flush()ed window's)."""
+    for kind, reduce, close, inject, *norm in cases:
+        skip, norm_type = (None if inject is None else inject[0] // STEPS), (norm[0] if norm else 2.0)
+        ref = reference(kind, world, SEED, skip, dtype=torch.float32, make=make, norm_type=norm_type)
         runs = []
         for fused in (True, False):
-            model, opt, _, acc = build(mesh, kind, reduce, fused_step=fused, dtype=torch.float32, make=make)
-            run(acc, model, global_batches(kind, world, SEED, torch.float32), rank, close=close, inject=inject)
+            model, opt, _, acc = build(mesh, kind, reduce, norm_type, fused, dtype=torch.float32, make=make)
+            with pytest.MonkeyPatch.context() as patch:
+                count = OpCounter(patch)
+                run(acc, model, global_batches(kind, world, SEED, torch.float32), rank, close=close, inject=inject)
             assert_tail(acc, fused)
+            if fused:  # every mode reduces before the last fold: that fold gathers the norm on the shards
+                assert count.final_calls > 0, (kind, reduce, close)
+                # a flush()ed short window folds outside a last micro-step: only it takes the norm pass
+                assert (count.norm_bytes == 0) == (close != "flush"), (kind, reduce, close, count.norm_bytes)
             assert (acc.optimizer_steps, acc.skipped_steps) == ((2, 1) if inject else (3, 0)), (kind, reduce)
             assert_params_equal(model, ref, **TOL32)
             runs.append((model, opt))
@@ -140,6 +148,7 @@ def fsdp_worker(rank: int, world: int, ckpt: str) -> None:
     cases += [("items", "micro_step", "flush", (4, 0)), ("items", "window", "iterate", None)]  # mean + num_items
     check_cases(rank, world, mesh, cases)
     check_fused_tail(rank, world, mesh, [("sum", "micro_step", "flush", (4, 1)), ("mean", "window", "last", (1, 0))])
+    check_fused_tail(rank, world, mesh, [("sum", "micro_step", "last", None, inf)])
     empty = [p.to_local().numel() == 0 for p in fsdp_model(mesh, make=bottleneck_model).parameters()]
     assert any(empty) is (rank == 1)
     check_fused_tail(rank, world, mesh, [("sum", "micro_step", "flush", None)], make=bottleneck_model)

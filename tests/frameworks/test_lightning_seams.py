@@ -53,6 +53,40 @@ def test_lightning_callback_under_ddp_equals_accumulate_grad_batches_on_every_ra
     launch(_ddp_fits, 2, timeout=180)
 
 
+def _ddp_resume(rank: int, world: int, ckpt: str) -> None:
+    """Under strategy="ddp": two epochs at once equal one epoch, Lightning's checkpoint (rank 0's file), and a
+    resumed second epoch, on every rank; a checkpoint in the middle of a window is refused with a clear error."""
+    os.environ["LOCAL_RANK"] = str(rank)
+    ddp = {"strategy": "ddp", "devices": world}
+
+    def run(max_epochs: int, ckpt_path=None) -> tuple[AccumulatorRegressor, pl.Trainer, GradientAccumulatorCallback]:
+        config = GradientAccumulationConfig(accumulation_steps=WINDOW, max_grad_norm=CLIP)
+        module, callback = AccumulatorRegressor(fused=True), GradientAccumulatorCallback(config)
+        t = trainer("32", max_epochs=max_epochs, callbacks=[callback], **ddp)
+        t.fit(module, loader(), ckpt_path=ckpt_path)
+        return module, t, callback
+
+    start = params_of(Regressor(fused=False))
+    whole, _, _ = run(2)
+    first, t, callback = run(1)
+    t.save_checkpoint(ckpt)  # Lightning writes rank 0's state; every rank loads that file
+    resumed, t, _ = run(2, ckpt_path=ckpt)
+    assert_same_params(params_of(resumed), params_of(whole), start)
+    windows = 2 * (BATCHES // world // WINDOW)
+    assert t.global_step == windows and resumed.accumulator.optimizer_steps == windows
+    acc = callback.accumulator  # closed by fit's end, its window empty: reopen one micro-step by hand
+    acc._window.micro = 1
+    with pytest.raises(RuntimeError, match=r"Lightning saves rank 0's checkpoint alone.*window boundary"):
+        callback.state_dict()
+    dist.barrier()
+
+
+@pytest.mark.distributed
+@needs_gloo
+def test_lightning_callback_resumes_a_ddp_checkpoint_on_every_rank(tmp_path) -> None:
+    launch(_ddp_resume, 2, str(tmp_path / "ddp.ckpt"), timeout=180)
+
+
 class ShardedRegressor(AccumulatorRegressor):
     """FSDP2 through Lightning's ModelParallelStrategy (configure_model shards over its data-parallel mesh)."""
 

@@ -98,7 +98,8 @@ def verdict(cell: Cell) -> Verdict:
     if c.entry == "lightning" and c.path == "adaptive":
         return Verdict("absent", "the callback builds the core GradientAccumulator")
     if c.entry == "lightning" and c.event == "checkpoint":
-        return Verdict("absent", "Lightning restores at window boundaries (tests/frameworks); mid-window: not built")
+        return Verdict("absent", "Lightning restores at window boundaries, under DDP too (tests/frameworks); a "
+                       "mid-window checkpoint under DDP is refused there; mid-window: not built here")  # fmt: skip
     if c.entry == "accelerate" and c.parallel in FSDP_MODES:
         return Verdict("absent", "the Accelerator's FSDP plugin is not built by the harness")
     # -- refused by the configuration (before anything is built) --
