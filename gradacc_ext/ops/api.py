@@ -121,25 +121,23 @@ def _split_scale(scale: float | torch.Tensor) -> tuple[float, torch.Tensor | Non
 def _call(a: CoreOp, backend: Backend) -> object:
     """Runs core op `a` on the chosen backend: every check its record and its outputs' memory call for, in the
     binding's order (csrc/binding.cpp, csrc/aliasing.cpp), and nothing written when one fails."""
-    op, lists = a.op, a.lists()
-    outputs, inputs = a.tensor_args(outputs=True), a.tensor_args(outputs=False)
-    output_lists = {arg: tensors for arg, tensors in outputs.items() if arg in lists}
-    if output_lists:
-        _aliasing.check_leaves(op, **output_lists)
-    device = a.device()
-    one_tensor_args = len(outputs) + len(inputs) > len(lists)
+    op = a.op
+    if a.OUTPUT_LISTS and torch.is_grad_enabled():  # without grad mode no leaf is refused: no dict to build
+        _aliasing.check_leaves(op, **{arg: getattr(a, arg) for arg in a.OUTPUT_LISTS})
 
-    def validate() -> None:
+    def validate() -> None:  # the compiled path runs it only after the op refused the call
+        lists = a.lists()
         _defined(op, **lists)
-        if output_lists:
+        if a.OUTPUT_LISTS:
+            outputs, inputs = a.tensor_args(outputs=True), a.tensor_args(outputs=False)
             input_lists = {arg: tensors for arg, tensors in inputs.items() if arg in lists}
+            output_lists = {arg: getattr(a, arg) for arg in a.OUTPUT_LISTS}
             _aliasing.check_disjoint(op, output_lists, input_lists or None, in_place_pairs=a.IN_PLACE_PAIRS)
         a.check()
-        if output_lists and one_tensor_args:
+        if a.OUTPUT_LISTS and len(a.TENSORS) > len(a.LISTS):  # a one-tensor argument beside the lists
             _aliasing.check_scalars_disjoint(op, outputs, inputs)
 
-    empty = a.empty_result if not any(lists.values()) else None
-    return _run(a.NAME, device, backend, validate, a.args(), empty)
+    return _run(a.NAME, a.device(), backend, validate, a.args(), a.empty_result if a.empty() else None)
 
 
 def accumulate_(

@@ -13,6 +13,7 @@ the public ops' calls and their memory checks (api.py), and `gradacc info`'s op 
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, fields
 from typing import ClassVar
@@ -40,12 +41,14 @@ LIST = "Tensors"  # a field's annotation (a string: postponed annotations) that 
 
 
 def core_op(cls: type[CoreOp]) -> type[CoreOp]:
-    """Makes `cls` a record (a keyword-only dataclass) and notes its fields' names by kind, once: torch.compile
-    traces the public ops, and dataclasses.fields() is not traceable."""
+    """Makes `cls` a record (a keyword-only dataclass) and notes its fields' names by kind, once: the public ops
+    read them on every call (and torch.compile traces them, which dataclasses.fields() is not)."""
     cls = dataclass(kw_only=True)(cls)
+    cls.op = f"gradacc.{cls.NAME}"
     cls.ORDER = tuple(f.name for f in fields(cls))
     cls.LISTS = tuple(f.name for f in fields(cls) if f.type == LIST)
     cls.TENSORS = tuple(f.name for f in fields(cls) if "Tensor" in f.type)
+    cls.OUTPUT_LISTS = tuple(name for name in cls.LISTS if name in cls.OUTPUTS)
     return cls
 
 
@@ -53,29 +56,30 @@ class CoreOp:
     """What every core op's record answers."""
 
     NAME: ClassVar[str]  # the op's name in torch.ops.gradacc
+    op: ClassVar[str]  # the op as error messages name it, "gradacc.<NAME>" (set by core_op)
     OUTPUTS: ClassVar[tuple[str, ...]] = ()  # the arguments it writes, in schema order
     IN_PLACE_PAIRS: ClassVar[bool] = False  # the first input list's item i may be the first output list's item i
     ORDER: ClassVar[tuple[str, ...]]  # the argument names in schema order (set by core_op)
     LISTS: ClassVar[tuple[str, ...]]  # the Tensor[] arguments among them
     TENSORS: ClassVar[tuple[str, ...]]  # the tensor arguments: lists, single and optional tensors
+    OUTPUT_LISTS: ClassVar[tuple[str, ...]]  # the Tensor[] arguments it writes
 
     @classmethod
     def from_args(cls, *args: object) -> CoreOp:
         """The record of a positional call of the op."""
         return cls(**dict(zip(cls.ORDER, args, strict=True)))
 
-    @property
-    def op(self) -> str:
-        """The op as error messages name it."""
-        return f"gradacc.{self.NAME}"
-
     def args(self) -> tuple:
         """The positional arguments of torch.ops.gradacc.<NAME> (and of reference.<NAME>)."""
-        return tuple(getattr(self, name) for name in self.ORDER)
+        return tuple(self.__dict__.values())  # the dataclass __init__ sets the fields in their order
 
     def lists(self) -> dict[str, Tensors]:
         """The Tensor[] arguments, in schema order."""
         return {name: getattr(self, name) for name in self.LISTS}
+
+    def empty(self) -> bool:
+        """Whether every list is empty (the public op launches nothing)."""
+        return not any(map(getattr, itertools.repeat(self), self.LISTS))  # C-level: it runs on every call
 
     def tensor_args(self, outputs: bool) -> dict[str, Tensors | torch.Tensor | None]:
         """The tensor arguments (lists and single tensors, None where an optional one is absent) the op
