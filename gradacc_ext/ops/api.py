@@ -126,10 +126,9 @@ def _call(a: CoreOp, backend: Backend) -> object:
         _aliasing.check_leaves(op, **{arg: getattr(a, arg) for arg in a.OUTPUT_LISTS})
 
     def validate() -> None:  # the compiled path runs it only after the op refused the call
-        lists = a.lists()
+        lists, outputs, inputs = a.lists(), a.tensor_args(outputs=True), a.tensor_args(outputs=False)
         _defined(op, **lists)
         if a.OUTPUT_LISTS:
-            outputs, inputs = a.tensor_args(outputs=True), a.tensor_args(outputs=False)
             input_lists = {arg: tensors for arg, tensors in inputs.items() if arg in lists}
             output_lists = {arg: getattr(a, arg) for arg in a.OUTPUT_LISTS}
             _aliasing.check_disjoint(op, output_lists, input_lists or None, in_place_pairs=a.IN_PLACE_PAIRS)
