@@ -1,14 +1,13 @@
 // Checks of the fused optimizer steps and their CPU registration: one boxed
 // kernel per optimizer of kernels/optim_traits.cuh, which reads the op's
-// arguments by the names in its schema, so no op's signature is restated here.
-// A stable boxed kernel sees no schema: the names come from the very string
-// define_optim_ops registers (optim_schema<T>()), parsed once per optimizer.
+// arguments by their kinds in step_args<T>() (optim_args.h), the very list
+// its schema is made from, so no op's signature is restated here. A stable
+// boxed kernel sees no schema: the list is compile-time data.
 // gradacc_ext/ops/_checks_optim.py mirrors these rules in their order; the
 // per-tensor checks are binding.h's (Use::kStep), shared with the other ops.
 #include "binding_optim.h"
 
 #include <cmath>
-#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +15,7 @@
 #include "aliasing.h"
 #include "binding.h"
 #include "cpu/optim_cpu.h"
+#include "optim_args.h"
 
 namespace gradacc::binding {
 namespace {
@@ -56,14 +56,7 @@ struct Rules {
   void require(bool ok, const char* message) const { GRADACC_CHECK(ok, op, ": ", message); }
 };
 
-int index_of(const char* const* names, int count, const std::string& name) {
-  for (int i = 0; i < count; ++i) {
-    if (name == names[i]) return i;
-  }
-  return -1;
-}
-
-// The arguments of one call of optimizer T, read from the stack by name.
+// The arguments of one call of optimizer T, read from the stack by kind.
 template <typename T>
 struct StepArgs {
   TensorList params, grads, masters, steps, state[T::kSlots];
@@ -71,50 +64,30 @@ struct StepArgs {
   OptimScalars scalars;
   int64_t mode = 0, seed = 0;
 
-  StepArgs(const std::vector<std::string>& names, StableIValue* stack) {
+  explicit StepArgs(StableIValue* stack) {
     using torch::stable::detail::to;
-    constexpr int kNumOptions = int(sizeof(T::kOptions) / sizeof(T::kOptions[0]));
-    for (size_t i = 0; i < names.size(); ++i) {
-      const std::string& name = names[i];
+    constexpr auto kArgs = step_args<T>();
+    for (size_t i = 0; i < kArgs.size(); ++i) {
       const StableIValue v = stack[i];
-      const int slot = index_of(T::kState, T::kSlots, name), option = index_of(T::kOptions, kNumOptions, name);
-      if (slot >= 0) state[slot] = TensorList(v);
-      else if (option >= 0) scalars.option[option] = (T::kBoolOptions >> option) & 1 ? to<bool>(v) : to<double>(v);
-      else if (name == "params") params = TensorList(v);
-      else if (name == "grads") grads = TensorList(v);
-      else if (name == "master_params") masters = TensorList(v);
-      else if (name == "steps") steps = TensorList(v);
-      else if (name == "lr") scalars.lr = to<double>(v);
-      else if (name == "lr_tensor") lr_tensor = to<std::optional<Tensor>>(v);
-      else if (name == "grad_mult") grad_mult = to<std::optional<Tensor>>(v);
-      else if (name == "found_inf") found_inf = to<std::optional<Tensor>>(v);
-      else if (name == "maximize") scalars.maximize = to<bool>(v);
-      else if (name == "param_mode") mode = to<int64_t>(v);
-      else if (name == "seed") seed = to<int64_t>(v);
-      else fail(T::kName, ": argument ", name, " is not in its optimizer traits");
+      const int k = kArgs[i].index;
+      switch (kArgs[i].what) {
+        case StepArg::kParams: params = TensorList(v); break;
+        case StepArg::kGrads: grads = TensorList(v); break;
+        case StepArg::kState: state[k] = TensorList(v); break;
+        case StepArg::kMasters: masters = TensorList(v); break;
+        case StepArg::kSteps: steps = TensorList(v); break;
+        case StepArg::kLr: scalars.lr = to<double>(v); break;
+        case StepArg::kLrTensor: lr_tensor = to<std::optional<Tensor>>(v); break;
+        case StepArg::kGradMult: grad_mult = to<std::optional<Tensor>>(v); break;
+        case StepArg::kFoundInf: found_inf = to<std::optional<Tensor>>(v); break;
+        case StepArg::kOption: scalars.option[k] = (T::kBoolOptions >> k) & 1 ? to<bool>(v) : to<double>(v); break;
+        case StepArg::kMaximize: scalars.maximize = to<bool>(v); break;
+        case StepArg::kParamMode: mode = to<int64_t>(v); break;
+        case StepArg::kSeed: seed = to<int64_t>(v); break;
+      }
     }
   }
 };
-
-// The argument names of optimizer T's schema, in order: the last word of
-// each comma-separated declaration between the parentheses.
-template <typename T>
-const std::vector<std::string>& argument_names() {
-  static const std::vector<std::string> names = [] {
-    const std::string schema = optim_schema<T>();
-    const size_t open = schema.find('('), close = schema.find(") ->");
-    std::vector<std::string> out;
-    size_t start = open + 1;
-    while (start < close) {
-      size_t end = std::min(schema.find(',', start), close);
-      const std::string decl = schema.substr(start, end - start);
-      out.push_back(decl.substr(decl.rfind(' ') + 1));
-      start = end + 1;
-    }
-    return out;
-  }();
-  return names;
-}
 
 // Every check of one step of T, in the order of _checks_optim.check_step; the
 // pointers of the returned params stay valid while `a` lives.
@@ -192,11 +165,10 @@ OptimParams checked_params(const char* op, const StepArgs<T>& a) {
 // One call of optimizer T: read, check, run.
 template <typename T>
 void step(OptimRunner run, StableIValue* stack, uint64_t num_args) {
-  const std::vector<std::string>& names = argument_names<T>();
-  GRADACC_CHECK(num_args == names.size(), "gradacc.", T::kName, ": the schema has ", names.size(),
+  GRADACC_CHECK(num_args == uint64_t(kNumStepArgs<T>), "gradacc.", T::kName, ": the schema has ", kNumStepArgs<T>,
                 " arguments but the call passed ", num_args);
   const std::string op = "gradacc." + std::string(T::kName);
-  const StepArgs<T> args(names, stack);
+  const StepArgs<T> args(stack);
   const OptimParams p = checked_params<T>(op.c_str(), args);
   if (!args.params.empty()) run(p, device_of(args.params[0]));
 }

@@ -1,7 +1,9 @@
 // Op schemas (namespace gradacc), the CPU registrations and the build's facts.
 //
-// Schemas live here alone; CPU kernels in cpu/, CUDA kernels in kernels/ with
-// their registration in cuda/register_cuda.cpp; fake kernels and the
+// The schemas are defined here alone, from the ops' descriptions: core_ops.h
+// (the core ops) and kernels/optim_traits.cuh (the optimizer steps). CPU
+// kernels in cpu/, CUDA kernels in kernels/ with their registration in
+// cuda/register_cuda.cpp; fake kernels and the
 // pure-PyTorch reference in gradacc_ext/ops/_fake.py and gradacc_ext/ops/reference.py.
 // Everything goes through the LibTorch stable ABI (stable.h); module.cpp is
 // the Python module, which only loads this library.
@@ -11,6 +13,7 @@
 #include "binding.h"
 #include "binding_optim.h"
 #include "boxing.h"
+#include "core_ops.h"
 #include "cpu/isa.h"
 #include "cpu/kernels_cpu.h"
 #include "stable.h"
@@ -33,33 +36,33 @@ namespace {
 
 void accumulate_cpu(const TensorList& bufs, const TensorList& grads, double alpha,
                     const std::optional<Tensor>& alpha_tensor, bool assign) {
-  cpu::accumulate(binding::accumulate_params("gradacc.accumulate_", bufs, grads, alpha, alpha_tensor, assign));
+  cpu::accumulate(binding::accumulate_params(op_label<AccumulateOp>(), bufs, grads, alpha, alpha_tensor, assign));
 }
 
 void accumulate_final_cpu(const TensorList& bufs, const TensorList& grads, double alpha,
                           const std::optional<Tensor>& alpha_tensor, bool assign, const Tensor& found_inf,
                           const Tensor& norm_acc, double norm_type) {
-  cpu::accumulate(binding::accumulate_final_params("gradacc.accumulate_final_", bufs, grads, alpha, alpha_tensor,
+  cpu::accumulate(binding::accumulate_final_params(op_label<AccumulateFinalOp>(), bufs, grads, alpha, alpha_tensor,
                                                    assign, found_inf, norm_acc, norm_type));
 }
 
 std::tuple<Tensor, Tensor> global_norm_cpu(const TensorList& tensors, double norm_type, bool per_tensor) {
-  auto p = binding::norm_params("gradacc.global_norm", tensors, norm_type);
+  auto p = binding::norm_params(op_label<GlobalNormOp>(), tensors, norm_type);
   auto [total, each] = binding::norm_outputs(tensors, per_tensor, p);
   cpu::norm(p);
   return {total, each};
 }
 
 void unscale_cpu(const TensorList& tensors, const Tensor& inv_scale, const Tensor& found_inf) {
-  cpu::scale(binding::unscale_params("gradacc.unscale_", tensors, inv_scale, found_inf));
+  cpu::scale(binding::unscale_params(op_label<UnscaleOp>(), tensors, inv_scale, found_inf));
 }
 
 void clip_by_norm_cpu(const TensorList& tensors, const Tensor& total_norm, double max_norm, double eps) {
-  cpu::scale(binding::clip_norm_params("gradacc.clip_by_norm_", tensors, total_norm, max_norm, eps));
+  cpu::scale(binding::clip_norm_params(op_label<ClipByNormOp>(), tensors, total_norm, max_norm, eps));
 }
 
 void clip_by_value_cpu(const TensorList& tensors, double clip_value) {
-  cpu::scale(binding::clip_value_params("gradacc.clip_by_value_", tensors, clip_value));
+  cpu::scale(binding::clip_value_params(op_label<ClipByValueOp>(), tensors, clip_value));
 }
 
 std::string quoted(const std::string& s) { return "\"" + s + "\""; }
@@ -85,22 +88,8 @@ void init_cpu_isa(const std::string& capability) { cpu::init_capability(capabili
 }  // namespace
 
 STABLE_TORCH_LIBRARY(gradacc, m) {
-  // bufs[i] = (assign ? 0 : bufs[i]) + alpha * alpha_tensor * grads[i]
-  m.def("accumulate_(Tensor(a!)[] bufs, Tensor[] grads, float alpha, Tensor? alpha_tensor, bool assign) -> ()");
-  // A bucket of the window's last fold, in one pass: accumulate, raise found_inf on a non-finite
-  // result, and ADD the results' sum of squares (norm_type 2) or max |x| (inf) into norm_acc. The
-  // results stay scaled (the window end multiplies the norm by inv_scale once).
-  m.def(
-      "accumulate_final_(Tensor(a!)[] bufs, Tensor[] grads, float alpha, Tensor? alpha_tensor, bool assign, "
-      "Tensor(b!) found_inf, Tensor(c!) norm_acc, float norm_type) -> ()");
-  // (total norm, per-tensor norms or an empty tensor), float32, deterministic.
-  m.def("global_norm(Tensor[] tensors, float norm_type, bool per_tensor) -> (Tensor, Tensor)");
-  // tensors *= inv_scale; found_inf = 1 if any input is non-finite.
-  m.def("unscale_(Tensor(a!)[] tensors, Tensor inv_scale, Tensor(b!) found_inf) -> ()");
-  // tensors *= min(1, max_norm / (total_norm + eps)), computed on the device.
-  m.def("clip_by_norm_(Tensor(a!)[] tensors, Tensor total_norm, float max_norm, float eps) -> ()");
-  // tensors = clamp(tensors, -clip_value, clip_value)
-  m.def("clip_by_value_(Tensor(a!)[] tensors, float clip_value) -> ()");
+  // The core ops (core_ops.h says what each does).
+  for_each_core_op([&](auto op) { m.def(op_schema<decltype(op)>().c_str()); });
   // Fused optimizer steps (kernels/optim_traits.cuh holds their schemas): torch's AdamW, SGD, ... on
   // grads * grad_mult with lr * lr_tensor; all of it, step counts included, is skipped when
   // found_inf != 0. param_mode: 0 round to nearest, 1 fp32 master weights, 2 stochastic rounding (seed).
@@ -117,12 +106,12 @@ STABLE_TORCH_LIBRARY(gradacc, m) {
 }
 
 void register_cpu_impls(torch::stable::detail::StableLibrary& m) {
-  m.impl("accumulate_", box<&accumulate_cpu>);
-  m.impl("accumulate_final_", box<&accumulate_final_cpu>);
-  m.impl("global_norm", box<&global_norm_cpu>);
-  m.impl("unscale_", box<&unscale_cpu>);
-  m.impl("clip_by_norm_", box<&clip_by_norm_cpu>);
-  m.impl("clip_by_value_", box<&clip_by_value_cpu>);
+  impl_op<AccumulateOp, &accumulate_cpu>(m);
+  impl_op<AccumulateFinalOp, &accumulate_final_cpu>(m);
+  impl_op<GlobalNormOp, &global_norm_cpu>(m);
+  impl_op<UnscaleOp, &unscale_cpu>(m);
+  impl_op<ClipByNormOp, &clip_by_norm_cpu>(m);
+  impl_op<ClipByValueOp, &clip_by_value_cpu>(m);
   binding::impl_optim_ops<binding::run_cpu_step>(m);
 }
 

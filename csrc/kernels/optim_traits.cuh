@@ -1,14 +1,15 @@
 // The fused optimizer ops, each described once: its schema, its state
 // slots, its scalar options and their rules, and its element update. Every
 // layer reads the traits and nothing else names an optimizer: ops.cpp
-// defines the schemas, binding_optim.cpp reads and checks the arguments by
-// these names (gradacc_ext/ops/optim_args.py holds the same rules), the CPU
+// defines the schemas and binding_optim.cpp reads and checks the arguments,
+// both from ../optim_args.h, which places these names among the arguments
+// every step takes (gradacc_ext/ops/optim_args.py holds the same rules), the CPU
 // kernel (cpu/optim_cpu.cpp) and the CUDA kernel (optim_step.cuh) run
 // update(). Torch-free; the element math runs on host and device.
 //
 // A traits struct T has:
 //   kName                  the op's name; its schema follows from the names
-//                          below (optim_schema; optim_args.py's schema_order)
+//                          below (../optim_args.h; optim_args.py's schema_order)
 //   kSlots, kState[], kStateOptional[]   state lists, in slot order
 //   kOptions[], kWeightDecay, kBoolOptions   scalar options (schema order;
 //                                        float, or bool where their bit is
@@ -25,7 +26,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <string>
 #include <type_traits>
 
 #include "optim_math.cuh"
@@ -266,25 +266,6 @@ void for_each_optim_in(F&& f, OptimList<Ts...>) {
 template <typename F>
 void for_each_optimizer(F&& f) {
   for_each_optim_in(f, Optimizers{});
-}
-
-// The schema of optimizer T's op: params, grads, the state lists, master
-// weights, step counts, lr and the optional scalars, the options, then
-// maximize, param_mode and seed. Every list but grads is written in place.
-template <typename T>
-std::string optim_schema() {
-  std::string s = std::string(T::kName) + "(Tensor(a!)[] params, Tensor[] grads, ";
-  static_assert(T::kSlots <= 3, "the state lists are aliases b, c and d");
-  for (int i = 0; i < T::kSlots; ++i) {
-    s += "Tensor(" + std::string(1, char('b' + i)) + "!)[] " + T::kState[i] + ", ";
-  }
-  s += "Tensor(e!)[] master_params, Tensor(f!)[] steps, float lr, Tensor? lr_tensor, Tensor? grad_mult, "
-       "Tensor? found_inf, ";
-  const int num_options = int(sizeof(T::kOptions) / sizeof(T::kOptions[0]));
-  for (int i = 0; i < num_options; ++i) {
-    s += std::string((T::kBoolOptions >> i) & 1 ? "bool " : "float ") + T::kOptions[i] + ", ";
-  }
-  return s + "bool maximize, int param_mode, int seed) -> ()";
 }
 
 // The index of the optimizer named `name`, or -1.

@@ -32,7 +32,7 @@ import torch
 
 from .. import ops
 from ..ops import reference
-from ..ops.constants import DEFAULT_EPS, HALF_DTYPES
+from ..ops.constants import HALF_DTYPES
 from ..optim.shards import is_sharded
 from . import param_grads
 from .window_sums import WindowSums
@@ -43,12 +43,10 @@ if TYPE_CHECKING:
 ALIGN = 16  # bytes: one 128-bit vector load; the CUDA kernels' vector width and the CPU's SSE/NEON width
 
 
-def _reference_ops() -> SimpleNamespace:
-    """The op calls for float64 buffers, which the kernels (and ops' checks) do not take.
-
-    gradacc_ext.reference implements every op in the tensors' own precision, so
-    float64 models accumulate, normalise and clip in float64.
-    """
+def _float64_ops() -> SimpleNamespace:
+    """The op calls for float64 buffers. The norm and the clips are the public ops, which take float64 lists
+    (computed in double); accumulate_ and unscale_ pair 16/32-bit lists only, so theirs is gradacc_ext.reference,
+    which computes in the tensors' own precision: float64 models accumulate and normalise in float64."""
 
     def accumulate_(bufs, grads, scale=1.0, *, assign=False, backend=None):
         alpha, tensor = (1.0, scale) if isinstance(scale, torch.Tensor) else (float(scale), None)
@@ -57,21 +55,12 @@ def _reference_ops() -> SimpleNamespace:
     def unscale_(tensors, inv_scale, found_inf, *, backend=None):
         reference.unscale_(tensors, inv_scale, found_inf)
 
-    def global_norm(tensors, norm_type=2.0, *, backend=None):
-        return reference.global_norm(tensors, norm_type, False)[0]
-
-    def clip_by_norm_(tensors, total_norm, max_norm, *, backend=None):
-        reference.clip_by_norm_(tensors, total_norm, max_norm, DEFAULT_EPS)
-
-    def clip_by_value_(tensors, clip_value, *, backend=None):
-        reference.clip_by_value_(tensors, clip_value)
-
     return SimpleNamespace(
         accumulate_=accumulate_,
         unscale_=unscale_,
-        global_norm=global_norm,
-        clip_by_norm_=clip_by_norm_,
-        clip_by_value_=clip_by_value_,
+        global_norm=ops.global_norm,
+        clip_by_norm_=ops.clip_by_norm_,
+        clip_by_value_=ops.clip_by_value_,
     )
 
 
@@ -141,7 +130,7 @@ class GradBuffers:
         # param-dtype copy for the optimizer step only (optimizers require grad.dtype == param.dtype);
         # the copies are freed right after the step.
         self._cast_index = [i for i, d in enumerate(self.buf_dtypes) if d != self.params[i].dtype]
-        self.ops = _reference_ops() if torch.float64 in self.dtypes else ops
+        self.ops = _float64_ops() if torch.float64 in self.dtypes else ops
         self.sums = WindowSums(self)  # the one owner of which views hold this window's sum (window_sums.py)
 
     def _ensure(self) -> None:

@@ -10,18 +10,11 @@ import torch
 from .. import __version__, build_info
 from ..ops import coverage as gpu_coverage
 from ..ops import resolve_backend, runs_with
+from ..ops.core_args import CORE_RECORDS
 from ..ops.optim_args import RECORDS
 from . import wheel_choice
 
-OPS = (
-    "accumulate_",
-    "accumulate_final_",
-    "global_norm",
-    "unscale_",
-    "clip_by_norm_",
-    "clip_by_value_",
-    *(record.NAME for record in RECORDS),  # the optimizer steps
-)
+OPS = tuple(record.NAME for record in (*CORE_RECORDS, *RECORDS))  # the core ops, then the optimizer steps
 
 
 def collect() -> dict[str, Any]:

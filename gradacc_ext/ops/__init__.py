@@ -24,10 +24,9 @@ from .optim_api import adamw_step_, lion_step_, sgd_step_
 
 def register_fake_kernels() -> None:
     """Registers the fake (meta) kernels of every op: torch.compile and FakeTensor tracing see their shapes."""
-    from . import _fake, _fake_optim
+    from . import _fake
 
     _fake.register()
-    _fake_optim.register()
 
 
 __all__ = [

@@ -2,8 +2,8 @@
 
 They mirror csrc/binding.cpp rule for rule (same exception types, messages
 that name the argument), so both backends reject bad input identically and
-write nothing when they do. The per-tensor checks (check_tensor, check_same_shape,
-check_pair_dtype, check_scalar) serve the optimizer steps' checks too (_checks_optim.py).
+write nothing when they do. Each op's own sequence of them is its record's:
+core_args.py (check()) for the core ops, _checks_optim.py for the optimizer steps.
 """
 
 from __future__ import annotations
@@ -166,30 +166,6 @@ def check_norm_scalar(op: str, total_norm: torch.Tensor | None, device: torch.de
         )
 
 
-def check_accumulate(
-    op: str,
-    bufs: Sequence[torch.Tensor],
-    grads: Sequence[torch.Tensor],
-    alpha: float,
-    alpha_tensor: torch.Tensor | None,
-) -> torch.device:
-    if len(bufs) != len(grads):
-        raise ValueError(f"{op}: bufs and grads must have the same length, got {len(bufs)} and {len(grads)}")
-    device = list_device(bufs, alpha_tensor)
-    check_list(op, "bufs", bufs, device)
-    check_list(op, "grads", grads, device)
-    for i, (b, g) in enumerate(zip(bufs, grads, strict=True)):
-        check_same_shape(op, "grads", i, g, "bufs", b)
-        ok = b.dtype in (torch.float32, g.dtype)
-        check_pair_dtype(ok, op, "bufs", i, b, "grads", g, "float32 or its grad's dtype")
-    if not math.isfinite(alpha):
-        raise ValueError(f"{op}: alpha must be finite, got {num(alpha)}")
-    if alpha_tensor is not None:
-        check_scalar(op, "alpha_tensor", alpha_tensor, device)
-    check_fits_float(op, "alpha", alpha)
-    return device
-
-
 def check_fits_float(op: str, arg: str, value: float, tensors: Sequence[torch.Tensor] = ()) -> None:
     """The kernels compute in float32: a finite value beyond its range would become inf silently
     (eps=1e39 zeroes every grad). Inf and NaN pass; the op's own checks decide about them. A list
@@ -207,57 +183,3 @@ def check_max_norm(op: str, max_norm: float) -> None:
     """inf measures without clipping and 0 zeroes the tensors, as in torch; NaN and negatives are refused."""
     if not max_norm >= 0:
         raise ValueError(f"{op}: max_norm must be >= 0 (inf allowed), got {num(max_norm)}")
-
-
-# ---- One validator per op: used by the reference path (api.py) and the fake
-# kernels (_fake.py), so both enforce exactly what csrc/binding.cpp does. ----
-
-
-def check_accumulate_final(
-    op: str,
-    bufs: Sequence[torch.Tensor],
-    grads: Sequence[torch.Tensor],
-    alpha: float,
-    alpha_tensor: torch.Tensor | None,
-    found_inf: torch.Tensor,
-    norm_acc: torch.Tensor,
-    norm_type: float,
-) -> None:
-    check_accumulate(op, bufs, grads, alpha, alpha_tensor)
-    device = list_device(list(bufs) or list(grads), norm_acc)
-    check_scalar(op, "found_inf", found_inf, device)
-    check_scalar(op, "norm_acc", norm_acc, device)
-    check_fast_norm_type(op, float(norm_type))
-
-
-def check_global_norm(op: str, tensors: Sequence[torch.Tensor], norm_type: float) -> None:
-    check_list(op, "tensors", tensors, list_device(tensors), use=Use.SINGLE_LIST)
-    check_norm_type(op, float(norm_type))
-
-
-def check_unscale(op: str, tensors: Sequence[torch.Tensor], inv_scale: torch.Tensor, found_inf: torch.Tensor) -> None:
-    device = list_device(tensors, found_inf)
-    check_list(op, "tensors", tensors, device)
-    check_scalar(op, "inv_scale", inv_scale, device)
-    check_scalar(op, "found_inf", found_inf, device)
-
-
-def check_clip_by_norm(
-    op: str, tensors: Sequence[torch.Tensor], total_norm: torch.Tensor, max_norm: float, eps: float
-) -> None:
-    device = list_device(tensors, total_norm)
-    check_list(op, "tensors", tensors, device, use=Use.SINGLE_LIST)
-    check_norm_scalar(op, total_norm, device)
-    check_max_norm(op, float(max_norm))
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"{op}: eps must be finite and >= 0, got {num(eps)}")
-    check_fits_float(op, "max_norm", float(max_norm), tensors)
-    check_fits_float(op, "eps", float(eps), tensors)
-
-
-def check_clip_by_value(op: str, tensors: Sequence[torch.Tensor], clip_value: float) -> None:
-    """0 zeroes, inf keeps, a negative value sets every element to it (torch.clamp); NaN is refused."""
-    check_list(op, "tensors", tensors, list_device(tensors), use=Use.SINGLE_LIST)
-    if math.isnan(clip_value):
-        raise ValueError(f"{op}: clip_value must not be NaN, got {num(clip_value)}")
-    check_fits_float(op, "clip_value", float(clip_value), tensors)

@@ -1,6 +1,6 @@
 """Argument checks of the fused optimizer steps, rule for rule those of csrc/binding_optim.cpp.
 
-Used by the reference path (optim_api.py) and the fake kernels (_fake_optim.py): every backend
+Used by the reference path (optim_api.py) and the fake kernels (_fake.py): every backend
 rejects the same input with the same exception type and a message naming the argument, before
 anything is written. One check serves every op: it reads the op's record (optim_args.py), whose
 own rules (options, state) it calls in the binding's order. The per-tensor checks are _checks.py's

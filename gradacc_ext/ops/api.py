@@ -24,6 +24,7 @@ from . import _aliasing, _checks, reference
 from . import coverage as gpu_coverage
 from ._loader import LOAD_REASON, extension_has_cuda, extension_loaded
 from .constants import DEFAULT_EPS
+from .core_args import Accumulate, AccumulateFinal, ClipByNorm, ClipByValue, CoreOp, GlobalNorm, Unscale
 
 Backend = Literal["auto", "ext", "torch"]
 BACKENDS = ("auto", "ext", "torch")
@@ -117,12 +118,33 @@ def _split_scale(scale: float | torch.Tensor) -> tuple[float, torch.Tensor | Non
     return float(scale), None
 
 
+def _call(a: CoreOp, backend: Backend) -> object:
+    """Runs core op `a` on the chosen backend: every check its record and its outputs' memory call for, in the
+    binding's order (csrc/binding.cpp, csrc/aliasing.cpp), and nothing written when one fails."""
+    op = a.op
+    if a.OUTPUT_LISTS and torch.is_grad_enabled():  # without grad mode no leaf is refused: no dict to build
+        _aliasing.check_leaves(op, **{arg: getattr(a, arg) for arg in a.OUTPUT_LISTS})
+
+    def validate() -> None:  # the compiled path runs it only after the op refused the call
+        lists, outputs, inputs = a.lists(), a.tensor_args(outputs=True), a.tensor_args(outputs=False)
+        _defined(op, **lists)
+        if a.OUTPUT_LISTS:
+            input_lists = {arg: tensors for arg, tensors in inputs.items() if arg in lists}
+            output_lists = {arg: getattr(a, arg) for arg in a.OUTPUT_LISTS}
+            _aliasing.check_disjoint(op, output_lists, input_lists or None, in_place_pairs=a.IN_PLACE_PAIRS)
+        a.check()
+        if a.OUTPUT_LISTS and len(a.TENSORS) > len(a.LISTS):  # a one-tensor argument beside the lists
+            _aliasing.check_scalars_disjoint(op, outputs, inputs)
+
+    return _run(a.NAME, a.device(), backend, validate, a.args(), a.empty_result if a.empty() else None)
+
+
 def accumulate_(
     bufs: Iterable[torch.Tensor],
     grads: Iterable[torch.Tensor],
-    scale: float | torch.Tensor = 1.0,
+    scale: float | torch.Tensor = Accumulate.alpha,
     *,
-    assign: bool = False,
+    assign: bool = Accumulate.assign,
     backend: Backend = "auto",
 ) -> None:
     """bufs[i] += scale * grads[i] (or = with assign=True) over whole lists.
@@ -130,20 +152,9 @@ def accumulate_(
     grads are fp32, fp16 or bf16; each buffer is fp32 or its grad's dtype.
     `scale` is a float or a one-element float32 tensor on the lists' device.
     """
-    op = "gradacc.accumulate_"
     bufs, grads = _as_list(bufs, "bufs"), _as_list(grads, "grads")
-    _aliasing.check_leaves(op, bufs=bufs)
     alpha, alpha_tensor = _split_scale(scale)
-    device = _checks.list_device(bufs or grads, alpha_tensor)
-
-    def validate() -> None:
-        _defined(op, bufs=bufs, grads=grads)
-        _aliasing.check_disjoint(op, {"bufs": bufs}, {"grads": grads}, in_place_pairs=True)
-        _checks.check_accumulate(op, bufs, grads, alpha, alpha_tensor)
-        _aliasing.check_scalars_disjoint(op, {"bufs": bufs}, {"grads": grads, "alpha_tensor": alpha_tensor})
-
-    empty = _nothing if not bufs and not grads else None
-    _run("accumulate_", device, backend, validate, (bufs, grads, alpha, alpha_tensor, assign), empty)
+    _call(Accumulate(bufs=bufs, grads=grads, alpha=alpha, alpha_tensor=alpha_tensor, assign=assign), backend)
 
 
 def accumulate_final_(
@@ -151,10 +162,10 @@ def accumulate_final_(
     grads: Iterable[torch.Tensor],
     found_inf: torch.Tensor,
     norm_acc: torch.Tensor,
-    scale: float | torch.Tensor = 1.0,
+    scale: float | torch.Tensor = AccumulateFinal.alpha,
     *,
-    assign: bool = False,
-    norm_type: float = 2.0,
+    assign: bool = AccumulateFinal.assign,
+    norm_type: float = AccumulateFinal.norm_type,
     backend: Backend = "auto",
 ) -> None:
     """One bucket of a window's last fold, in one pass over memory: accumulate_ plus the norm's partial.
@@ -166,31 +177,20 @@ def accumulate_final_(
     calls' partials add up to the folded views' statistic, whose norm is sqrt(sum) (or the max), times
     any inverse loss scale. Only 2 and inf have a partial that adds; another order is refused.
     """
-    op = "gradacc.accumulate_final_"
     bufs, grads = _as_list(bufs, "bufs"), _as_list(grads, "grads")
-    _aliasing.check_leaves(op, bufs=bufs)
     alpha, alpha_tensor = _split_scale(scale)
-    device = _checks.list_device(bufs or grads, norm_acc)
-    norm_type = float(norm_type)
-
-    def validate() -> None:
-        _defined(op, bufs=bufs, grads=grads)
-        _aliasing.check_disjoint(op, {"bufs": bufs}, {"grads": grads}, in_place_pairs=True)
-        _checks.check_accumulate_final(op, bufs, grads, alpha, alpha_tensor, found_inf, norm_acc, norm_type)
-        outputs = {"bufs": bufs, "found_inf": found_inf, "norm_acc": norm_acc}
-        inputs = {"grads": grads, "alpha_tensor": alpha_tensor}
-        _aliasing.check_scalars_disjoint(op, outputs, inputs)
-
-    empty = _nothing if not bufs and not grads else None  # nothing folded adds nothing
-    args = (bufs, grads, alpha, alpha_tensor, assign, found_inf, norm_acc, norm_type)
-    _run("accumulate_final_", device, backend, validate, args, empty)
+    record = AccumulateFinal(
+        bufs=bufs, grads=grads, alpha=alpha, alpha_tensor=alpha_tensor, assign=assign, found_inf=found_inf,
+        norm_acc=norm_acc, norm_type=float(norm_type),
+    )  # fmt: skip
+    _call(record, backend)
 
 
 def global_norm(
     tensors: Iterable[torch.Tensor],
-    norm_type: float = 2.0,
+    norm_type: float = GlobalNorm.norm_type,
     *,
-    per_tensor: bool = False,
+    per_tensor: bool = GlobalNorm.per_tensor,
     backend: Backend = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Global p-norm of a list as a 0-d device tensor, for any order
@@ -203,19 +203,8 @@ def global_norm(
     float64 result when the list holds a float64 tensor. With per_tensor=True
     returns (total, per_tensor_norms).
     """
-    op = "gradacc.global_norm"
-    tensors = _as_list(tensors, "tensors")
-    device = _checks.list_device(tensors)
-
-    def validate() -> None:
-        _defined(op, tensors=tensors)
-        _checks.check_global_norm(op, tensors, float(norm_type))
-
-    def empty_norms() -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.zeros((), dtype=torch.float32), torch.zeros(0, dtype=torch.float32)
-
-    args = (tensors, float(norm_type), per_tensor)
-    total, each = _run("global_norm", device, backend, validate, args, None if tensors else empty_norms)
+    record = GlobalNorm(tensors=_as_list(tensors, "tensors"), norm_type=float(norm_type), per_tensor=per_tensor)
+    total, each = _call(record, backend)
     return (total, each) if per_tensor else total
 
 
@@ -227,25 +216,14 @@ def unscale_(
     backend: Backend = "auto",
 ) -> None:
     """tensors *= inv_scale; found_inf = 1 if any input is non-finite (fp32, fp16, bf16)."""
-    op = "gradacc.unscale_"
-    tensors = _as_list(tensors, "tensors")
-    _aliasing.check_leaves(op, tensors=tensors)
-    device = _checks.list_device(tensors, found_inf)
-
-    def validate() -> None:
-        _defined(op, tensors=tensors)
-        _aliasing.check_disjoint(op, {"tensors": tensors})
-        _checks.check_unscale(op, tensors, inv_scale, found_inf)
-        _aliasing.check_scalars_disjoint(op, {"tensors": tensors, "found_inf": found_inf}, {"inv_scale": inv_scale})
-
-    _run("unscale_", device, backend, validate, (tensors, inv_scale, found_inf), None if tensors else _nothing)
+    _call(Unscale(tensors=_as_list(tensors, "tensors"), inv_scale=inv_scale, found_inf=found_inf), backend)
 
 
 def clip_by_norm_(
     tensors: Iterable[torch.Tensor],
     total_norm: torch.Tensor | float,
     max_norm: float,
-    eps: float = DEFAULT_EPS,
+    eps: float = ClipByNorm.eps,
     *,
     backend: Backend = "auto",
 ) -> None:
@@ -255,22 +233,11 @@ def clip_by_norm_(
     total_norm is a one-element tensor of any float dtype or a Python number. max_norm=inf leaves the
     tensors unchanged, max_norm=0 zeroes them (torch's semantics).
     """
-    op = "gradacc.clip_by_norm_"
     tensors = _as_list(tensors, "tensors")
-    _aliasing.check_leaves(op, tensors=tensors)
     if isinstance(total_norm, (int, float)):
         # float64 keeps the number exact until the kernel rounds it, like a float64 tensor.
         total_norm = torch.tensor(float(total_norm), dtype=torch.float64, device=_checks.list_device(tensors))
-    device = _checks.list_device(tensors, total_norm)
-
-    def validate() -> None:
-        _defined(op, tensors=tensors)
-        _aliasing.check_disjoint(op, {"tensors": tensors})
-        _checks.check_clip_by_norm(op, tensors, total_norm, float(max_norm), float(eps))
-        _aliasing.check_scalars_disjoint(op, {"tensors": tensors}, {"total_norm": total_norm})
-
-    args = (tensors, total_norm, float(max_norm), float(eps))
-    _run("clip_by_norm_", device, backend, validate, args, None if tensors else _nothing)
+    _call(ClipByNorm(tensors=tensors, total_norm=total_norm, max_norm=float(max_norm), eps=float(eps)), backend)
 
 
 def clip_grad_norm_(
@@ -303,14 +270,4 @@ def clip_by_value_(
 ) -> None:
     """tensors = clamp(tensors, -clip_value, clip_value), torch.clamp's semantics: 0 zeroes, inf keeps, a
     negative clip_value sets every element to it; NaN stays NaN."""
-    op = "gradacc.clip_by_value_"
-    tensors = _as_list(tensors, "tensors")
-    _aliasing.check_leaves(op, tensors=tensors)
-    device = _checks.list_device(tensors)
-
-    def validate() -> None:
-        _defined(op, tensors=tensors)
-        _aliasing.check_disjoint(op, {"tensors": tensors})
-        _checks.check_clip_by_value(op, tensors, float(clip_value))
-
-    _run("clip_by_value_", device, backend, validate, (tensors, float(clip_value)), None if tensors else _nothing)
+    _call(ClipByValue(tensors=_as_list(tensors, "tensors"), clip_value=float(clip_value)), backend)

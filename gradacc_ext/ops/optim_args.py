@@ -5,7 +5,7 @@ One dataclass per op: the fields every step takes (OptimStep) and the op's own, 
 as csrc/kernels/optim_traits.cuh generates the schema from the same names (tests/ops/test_ops_optim.py
 holds them equal), so ``record.args()`` is the positional call of torch.ops.gradacc.<op> and
 ``Record.from_args(*args)`` reads one back. The checks (_checks_optim.check_step), the reference
-(reference_optim), the fake kernels (_fake_optim), the Python API (optim_api) and the host
+(reference_optim), the fake kernels (_fake), the Python API (optim_api) and the host
 emulation all take the record. A record also holds its op's option rules, with torch.optim's
 wording and the number as C++ prints it, rule for rule those of the C++ traits.
 """
@@ -13,6 +13,7 @@ wording and the number as C++ prints it, rule for rule those of the C++ traits.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -24,16 +25,18 @@ Tensors = list[torch.Tensor]
 MODES = {"nearest": 0, "master": 1, "stochastic": 2}
 
 
-def invalid(ok: bool, op: str, what: str, value: float) -> None:
-    """torch.optim's "Invalid <what>: <value>" unless `ok`."""
+def invalid(ok: bool, op: str | None, what: str, value: float) -> None:
+    """torch.optim's "Invalid <what>: <value>" unless `ok`: named by the op with the number as C++ prints it
+    (the binding's message), or with no op as torch.optim's constructors say it (the number as Python prints it)."""
     if not ok:
-        raise ValueError(f"{op}: Invalid {what}: {num(value)}")
+        raise ValueError(f"{op}: Invalid {what}: {num(value)}" if op else f"Invalid {what}: {value}")
 
 
-def check_betas(op: str, beta1: float, beta2: float) -> None:
-    for index, beta in enumerate((beta1, beta2)):
-        if not 0.0 <= beta < 1.0:
-            raise ValueError(f"{op}: Invalid beta parameter at index {index}: {num(beta)}")
+def check_betas(betas: Sequence[float], op: str | None = None) -> None:
+    """torch.optim's rule for betas (AdamW, Lion), its one home in Python: the records' option checks and the
+    fused optimizers' constructors call it (csrc/kernels/optim_traits.cuh's check_betas is the C++ one)."""
+    for index, beta in enumerate(betas):
+        invalid(0.0 <= float(beta) < 1.0, op, f"beta parameter at index {index}", beta)
 
 
 @dataclass(kw_only=True)
@@ -114,7 +117,7 @@ class AdamWStep(OptimStep):
 
     def check_options(self) -> None:
         invalid(math.isfinite(self.eps) and self.eps >= 0.0, self.op, "epsilon value", self.eps)
-        check_betas(self.op, self.beta1, self.beta2)
+        check_betas((self.beta1, self.beta2), self.op)
 
 
 @dataclass(kw_only=True)
@@ -159,7 +162,7 @@ class LionStep(OptimStep):
     beta2: float
 
     def check_options(self) -> None:
-        check_betas(self.op, self.beta1, self.beta2)
+        check_betas((self.beta1, self.beta2), self.op)
 
     def steps_required(self) -> bool:
         return self.param_mode == MODES["stochastic"]  # its stream of random bits is per step

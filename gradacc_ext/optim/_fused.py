@@ -19,7 +19,7 @@ from ..ops import global_norm
 from ..ops.constants import DEFAULT_EPS as CLIP_EPS
 from ..ops.constants import HALF_DTYPES, state_dtype
 from ..ops.norms import combine_norms
-from ..ops.optim_args import MODES
+from ..ops.optim_args import MODES, check_betas
 from .shards import is_sharded
 
 PARAM_MODES = tuple(MODES)
@@ -27,10 +27,9 @@ DEFAULT_PARAM_MODE = "master"
 
 
 def check_betas_and_decay(betas: tuple[float, float], weight_decay: float) -> None:
-    """torch.optim's checks of betas and weight_decay (FusedAdamW, FusedLion)."""
-    for index, beta in enumerate(betas):
-        if not 0.0 <= float(beta) < 1.0:
-            raise ValueError(f"Invalid beta parameter at index {index}: {beta}")
+    """torch.optim's checks of betas (the ops' own rule, optim_args.check_betas) and weight_decay (FusedAdamW,
+    FusedLion)."""
+    check_betas(betas)
     if not 0.0 <= weight_decay:
         raise ValueError(f"Invalid weight_decay value: {weight_decay}")
 

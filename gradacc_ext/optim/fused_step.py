@@ -5,9 +5,9 @@ optimizer cannot take it. A FusedStep steps every param group once from `grads` 
 e.g. the accumulator's float32 buffers) with a device multiplier `grad_mult` (loss-scale inverse x
 normaliser x clip coefficient) and `found_inf` (nonzero: nothing is written); it never syncs the host.
 
-Supported: the fused optimizers of FUSED_OPTIMIZERS (their own `step_grads`), and torch.optim.AdamW,
-Adam and SGD through the adapters of torch_steps.py, which keep torch's state format. A new fused
-optimizer with a `step_grads` method is one entry in FUSED_OPTIMIZERS.
+Supported: gradacc's fused optimizers, every subclass of _fused.FusedOptimizer (their own `step_grads`:
+a new one is found by its base class, not listed anywhere), and torch.optim.AdamW, Adam and SGD through
+the adapters of torch_steps.py, which keep torch's state format.
 """
 
 from __future__ import annotations
@@ -19,14 +19,8 @@ import torch
 import torch.optim.optimizer as optimizer_module
 
 from ..ops.constants import HALF_DTYPES
-from .adamw import FusedAdamW
-from .lion import FusedLion
-from .sgd import FusedSGD
+from ._fused import FusedOptimizer
 from .torch_steps import TORCH_STEPS
-
-# gradacc's fused optimizers: each has step_grads(grads, grad_mult, found_inf) and clips only when
-# built with max_grad_norm (which a FusedStep never applies: the caller clips by its own norm).
-FUSED_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (FusedAdamW, FusedSGD, FusedLion)
 
 Grads = dict[torch.Tensor, torch.Tensor]
 
@@ -87,7 +81,7 @@ def fused_step_for(
     why = unsupported_reason(optimizer, params)
     if why is not None:
         return why
-    if isinstance(optimizer, FUSED_OPTIMIZERS):
+    if isinstance(optimizer, FusedOptimizer):
         return _StepGrads(optimizer)
     return _TorchStep(optimizer, backend)
 
@@ -97,13 +91,15 @@ def unsupported_reason(optimizer: torch.optim.Optimizer, params: Sequence[torch.
     name = type(optimizer).__name__
     # The type first: a wrapper (Accelerate's AcceleratedOptimizer) never ran Optimizer.__init__, so it has
     # no step-hook dicts to read; its own step() is called instead.
-    if not isinstance(optimizer, FUSED_OPTIMIZERS) and type(optimizer) not in TORCH_STEPS:
-        fused = ", ".join(cls.__name__ for cls in FUSED_OPTIMIZERS)
+    if not isinstance(optimizer, FusedOptimizer) and type(optimizer) not in TORCH_STEPS:
+        fused = ", ".join(sorted(cls.__name__ for cls in _subclasses(FusedOptimizer)))
         return f"{name} is not {fused}, or torch.optim.AdamW / Adam / SGD"
     hooks = optimizer_module._global_optimizer_pre_hooks, optimizer_module._global_optimizer_post_hooks
     if optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks or any(hooks):
         return "optimizer step hooks are registered (the fused pass does not call optimizer.step())"
-    if isinstance(optimizer, FUSED_OPTIMIZERS):
+    if isinstance(optimizer, FusedOptimizer):
+        # A fused optimizer clips only when built with max_grad_norm, which a FusedStep never applies (the
+        # caller clips by its own norm).
         if optimizer.max_grad_norm is not None:
             return f"{name}(max_grad_norm=...) clips inside its own step; set the config's max_grad_norm instead"
         return None
@@ -117,3 +113,8 @@ def unsupported_reason(optimizer: torch.optim.Optimizer, params: Sequence[torch.
         if adam_l2 and group["weight_decay"] != 0:
             return "torch.optim.Adam with weight_decay adds it to the gradient (L2), not decoupled (AdamW)"
     return None
+
+
+def _subclasses(cls: type) -> list[type]:
+    """Every class derived from `cls`, at any depth."""
+    return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]

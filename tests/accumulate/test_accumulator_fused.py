@@ -27,6 +27,7 @@ from _cases import (
 )
 from test_accumulator_amp import fp32_forward, poison_hook
 
+import gradacc_ext
 from gradacc_ext import GradientAccumulator  # the one class of that name (the guides' entry points included)
 from gradacc_ext.accumulate.buffers import GradBuffers
 from gradacc_ext.accumulate.config import GradientAccumulationConfig
@@ -99,6 +100,24 @@ def test_float64_equals_plain_loop(mode, kind, clip):
     assert_params_close(model, ref, dtype)
     assert acc.optimizer_steps == 3 == sched.last_epoch and all(p.grad is None for p in model.parameters())
     assert_path(acc, mode, 3)
+
+
+def test_float64_buffers_norm_and_clip_through_the_public_ops(monkeypatch):
+    """The norm and clip ops take float64 lists (computed in double): float64 buffers call them, with the
+    accumulator's backend, and keep a float64 path of their own only for accumulate_ and unscale_."""
+    calls = []
+    for name in ("global_norm", "clip_by_norm_", "clip_by_value_"):
+        op = getattr(gradacc_ext.ops, name)
+
+        def counted(tensors, *args, _op=op, _name=name, **kwargs):
+            calls.append((_name, {t.dtype for t in tensors}, kwargs.get("backend")))
+            return _op(tensors, *args, **kwargs)
+
+        monkeypatch.setattr(gradacc_ext.ops, name, counted)
+    _, _, _, acc = build(True, "fused_adamw", torch.float64, 7, accumulation_steps=2, **CLIPS["value"])
+    accumulator_run(acc, make_batches(4, 4, torch.float64, 8))
+    assert {name for name, _, _ in calls} == {"global_norm", "clip_by_norm_", "clip_by_value_"}
+    assert all(dtypes == {torch.float64} and backend == acc.config.backend for _, dtypes, backend in calls)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -13,7 +13,8 @@ from _devices import require_ext
 from _oracle import assert_bits_unchanged, assert_raise_alike, snapshot
 
 import gradacc_ext
-from gradacc_ext.ops import _checks, _checks_optim
+from gradacc_ext.ops import _checks_optim
+from gradacc_ext.ops.core_args import Accumulate
 from gradacc_ext.ops.optim_args import SGDStep
 
 
@@ -269,7 +270,7 @@ def sgd_record(t: dict) -> SGDStep:
 CHECKED_CALLS = {
     "accumulate_": (
         lambda t: (t["bufs"], t["grads"], 0.5, None, False),
-        lambda t: _checks.check_accumulate("gradacc.accumulate_", t["bufs"], t["grads"], 0.5, None),
+        lambda t: Accumulate(bufs=t["bufs"], grads=t["grads"], alpha=0.5).check(),
     ),
     "sgd_step_": (
         lambda t: sgd_record(t).args(),

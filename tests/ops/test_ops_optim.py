@@ -258,7 +258,7 @@ def test_argument_record_is_the_schema(record):
     assert set(record.schema_order()) == {f.name for f in fields(record)}
 
 
-# The public schemas as released: the traits generate them (csrc/kernels/optim_traits.cuh), and must
+# The public schemas as released: the traits and csrc/optim_args.h generate them, and must
 # keep generating them character for character.
 RELEASED_SCHEMAS = {
     "adamw_step_": "gradacc::adamw_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
