@@ -142,9 +142,9 @@ def _call(a: CoreOp, backend: Backend) -> object:
 def accumulate_(
     bufs: Iterable[torch.Tensor],
     grads: Iterable[torch.Tensor],
-    scale: float | torch.Tensor = Accumulate.alpha,
+    scale: float | torch.Tensor = 1.0,
     *,
-    assign: bool = Accumulate.assign,
+    assign: bool = False,
     backend: Backend = "auto",
 ) -> None:
     """bufs[i] += scale * grads[i] (or = with assign=True) over whole lists.
@@ -162,10 +162,10 @@ def accumulate_final_(
     grads: Iterable[torch.Tensor],
     found_inf: torch.Tensor,
     norm_acc: torch.Tensor,
-    scale: float | torch.Tensor = AccumulateFinal.alpha,
+    scale: float | torch.Tensor = 1.0,
     *,
-    assign: bool = AccumulateFinal.assign,
-    norm_type: float = AccumulateFinal.norm_type,
+    assign: bool = False,
+    norm_type: float = 2.0,
     backend: Backend = "auto",
 ) -> None:
     """One bucket of a window's last fold, in one pass over memory: accumulate_ plus the norm's partial.
@@ -188,9 +188,9 @@ def accumulate_final_(
 
 def global_norm(
     tensors: Iterable[torch.Tensor],
-    norm_type: float = GlobalNorm.norm_type,
+    norm_type: float = 2.0,
     *,
-    per_tensor: bool = GlobalNorm.per_tensor,
+    per_tensor: bool = False,
     backend: Backend = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Global p-norm of a list as a 0-d device tensor, for any order
@@ -223,7 +223,7 @@ def clip_by_norm_(
     tensors: Iterable[torch.Tensor],
     total_norm: torch.Tensor | float,
     max_norm: float,
-    eps: float = ClipByNorm.eps,
+    eps: float = DEFAULT_EPS,
     *,
     backend: Backend = "auto",
 ) -> None:
