@@ -61,6 +61,18 @@ class Block(torch.nn.Module):
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
 
 
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """The device, torch threads, GPT shape and micro-batch flags that memory.py and state_memory.py share."""
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (per process)")
+    parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--ctx", type=int, default=32)
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--micro-batch", type=int, default=2)
+
+
 class GPT(torch.nn.Module):
     """GPT-2's parameter layout (tied token embedding and head), any size."""
 
@@ -194,14 +206,7 @@ def export_baseline(ref: str, cache: Path, device: str) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--vocab", type=int, default=4096)
-    parser.add_argument("--ctx", type=int, default=32)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--micro-batch", type=int, default=2)
+    add_model_args(parser)
     parser.add_argument("--bucket-bytes", type=int, help="default: the config's (1 byte)")
     parser.add_argument("--windows", type=int, default=2, help="timed windows per implementation")
     # 5d7c6ab: main just before issue 9 (gradients materialised in full, then folded; persistent cast copies).

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from memory import GPT
+from memory import GPT, add_model_args
 from memory_probes import LiveBytes
 from optimizer_contenders import CONTENDERS, Contender, tensors_of, versions
 
@@ -170,14 +170,7 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    parser.add_argument("--vocab", type=int, default=4096)
-    parser.add_argument("--ctx", type=int, default=32)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--micro-batch", type=int, default=2)
+    add_model_args(parser)
     parser.add_argument("--contenders", nargs="+", choices=list(CONTENDERS), default=DEFAULT_CONTENDERS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
