@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from _cases import OOMInBackward
 from _dist import STEPS, assert_params_equal, global_batches, launch, make_model, make_optimizer, needs_gloo, reference
 from _dist import shard as shard_of
 
@@ -16,16 +17,6 @@ from gradacc_ext import AdaptiveGradientAccumulator, GradientAccumulationConfig
 
 pytestmark = [pytest.mark.distributed, needs_gloo]
 SEED = 23
-
-
-class _OOMInBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        raise torch.OutOfMemoryError("injected in backward")
 
 
 def worker(rank: int, world: int) -> None:
@@ -39,7 +30,7 @@ def worker(rank: int, world: int) -> None:
     def between_layers(module: torch.nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
         # Rank 1, the window's second micro-batch: its backward fails after the last Linear's gradients were
         # added to the first micro-batch's sums.
-        return _OOMInBackward.apply(out) if rank == 1 and calls[0] == 2 else out
+        return OOMInBackward.apply(out) if rank == 1 and calls[0] == 2 else out
 
     ddp.module[1].register_forward_hook(between_layers)
 
