@@ -1,7 +1,7 @@
 """Optimizer step time per state storage, side by side in one run (issue 30's speed table).
 
-    PYTHONPATH=. python benchmarks/state_speed.py --threads 1
-    PYTHONPATH=. python benchmarks/state_speed.py --threads 2 --contenders "FusedAdamW int8 states" "torchao AdamW8bit eager"
+    python benchmarks/state_speed.py --threads 1
+    python benchmarks/state_speed.py --threads 2 --contenders "FusedAdamW int8 states" "torch AdamW (foreach)"
 
 The GPT-shaped parameter set of benchmarks/fused_step.py (gradacc_ext.benchmarking's gpt2-small at --scale), as
 bf16 params whose fp32 .grad holds a window's accumulated sums, the state after one warm-up step. Each row times
@@ -121,7 +121,10 @@ def measure(names: list[str], args: argparse.Namespace) -> tuple[dict[str, list[
 
 
 def table(results: dict[str, list[float] | str], numel: int) -> list[str]:
-    lines = ["| optimizer (clip to 1.0) | ms | vs FusedAdamW fp32 states | B/param moved | GB/s |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        "| optimizer (clip to 1.0) | ms | vs FusedAdamW fp32 states | B/param moved | GB/s |",
+        "|---|---:|---:|---:|---:|",
+    ]
     base = results.get("FusedAdamW fp32 states")
     base_ms = 1e3 * statistics.median(base) if isinstance(base, list) and base else None
     for name, r in results.items():
@@ -158,7 +161,8 @@ def main() -> None:
     lines = [head, "", *table(results, numel)]
     print("\n".join(lines))
     if not args.no_write:
-        path = ROOT / "benchmarks" / "results" / f"{now:%Y%m%d-%H%M%S}_state_speed_cpu_t{args.threads}_{commit.stdout.strip()}.md"
+        name = f"{now:%Y%m%d-%H%M%S}_state_speed_cpu_t{args.threads}_{commit.stdout.strip()}.md"
+        path = ROOT / "benchmarks" / "results" / name
         path.write_text("\n".join(lines) + "\n")
         print(f"wrote {path}")
 
