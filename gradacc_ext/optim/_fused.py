@@ -25,10 +25,10 @@ from ..ops.optim_args import MODES, OptimStep, check_betas
 from .shards import is_sharded, on_local_shards
 from .state_load import adopt_state, check_loadable
 from .state_storage import (
+    CONVERT_HINT,
     DEFAULT_INT8_MIN_NUMEL,
     DEFAULT_STATE_DTYPE,
     SCALES,
-    CONVERT_HINT,
     check_state_options,
     new_state,
     storage_of,

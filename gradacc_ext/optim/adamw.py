@@ -90,7 +90,11 @@ class FusedAdamW(FusedOptimizer):
 def adam_options(group: dict[str, Any]) -> dict[str, Any]:
     """adamw_step_'s options from a torch.optim.AdamW / Adam / FusedAdamW param group."""
     beta1, beta2 = group["betas"]
-    return {"betas": (float(beta1), float(beta2)), "eps": float(group["eps"]), "weight_decay": float(group["weight_decay"])}
+    return {
+        "betas": (float(beta1), float(beta2)),
+        "eps": float(group["eps"]),
+        "weight_decay": float(group["weight_decay"]),
+    }
 
 
 def step_adam_group(group: dict, params: list, grads: list, states: list, steps: list, max_sqs: list, **kwargs) -> None:

@@ -26,7 +26,8 @@ def check_loadable(optimizer: FusedOptimizer, state_dict: dict[str, Any]) -> Non
     name = type(optimizer).__name__
     saved_groups = state_dict.get("param_groups", [])
     if len(saved_groups) != len(optimizer.param_groups) or any(
-        len(saved["params"]) != len(group["params"]) for saved, group in zip(saved_groups, optimizer.param_groups)
+        len(saved["params"]) != len(group["params"])
+        for saved, group in zip(saved_groups, optimizer.param_groups, strict=True)
     ):
         return
     states = state_dict.get("state", {})
@@ -60,4 +61,3 @@ def adopt_state(
         step = saved["step"]
         value = step if isinstance(step, torch.Tensor) else torch.tensor(float(step))
         state["step"] = value.to(device=param.device, dtype=torch.float32, copy=True).reshape(())
-

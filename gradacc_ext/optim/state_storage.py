@@ -37,7 +37,9 @@ def check_state_options(owner: str, state_dtype: Any, int8_min_numel: Any) -> No
     if state_dtype not in STATE_DTYPES:
         raise ValueError(f"{owner}: state_dtype must be one of {STATE_DTYPES}, got {state_dtype!r}")
     if isinstance(int8_min_numel, bool) or not isinstance(int8_min_numel, int) or int8_min_numel < 0:
-        raise ValueError(f"{owner}: int8_min_numel must be an int >= 0 (0: quantize every tensor), got {int8_min_numel!r}")
+        raise ValueError(
+            f"{owner}: int8_min_numel must be an int >= 0 (0: quantize every tensor), got {int8_min_numel!r}"
+        )
 
 
 def storage_of(param: torch.Tensor, group: dict[str, Any]) -> str:
@@ -75,7 +77,9 @@ def stored_dtype(param: torch.Tensor, storage: str) -> torch.dtype:
     return {"fp32": state_dtype(param.dtype), "bf16": torch.bfloat16, "int8": torch.uint8}[storage]
 
 
-def expected_state_error(param: torch.Tensor, storage: str, key: str, signed: bool, saved: dict[str, Any]) -> str | None:
+def expected_state_error(
+    param: torch.Tensor, storage: str, key: str, signed: bool, saved: dict[str, Any]
+) -> str | None:
     """Why the saved state `key` (with its int8 companions) cannot be `param`'s in `storage`, or None."""
     value = saved.get(key)
     if not isinstance(value, torch.Tensor):
