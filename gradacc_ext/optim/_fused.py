@@ -1,5 +1,7 @@
-"""What FusedAdamW and FusedSGD share: the GradScaler protocol, the optional global-norm clip,
-bucketing a group's params into op calls, and checkpoints that stay torch's format.
+"""What FusedAdamW, FusedSGD and FusedLion share: the GradScaler protocol, the optional global-norm clip,
+bucketing a group's params into op calls (one per device, master mode and state storage), the state in its
+storage (state_storage.py: fp32, bf16 or int8 codes with scales), and checkpoints that stay torch's format
+for fp32 states (state_load.py checks a checkpoint before anything is written).
 
 A step is at most two passes over the grads: the norm (only with max_grad_norm) and the fused
 op. The loss-scale inverse and the clip coefficient become one device scalar, `grad_mult`,
@@ -11,16 +13,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from ..ops import global_norm
 from ..ops.constants import DEFAULT_EPS as CLIP_EPS
-from ..ops.constants import HALF_DTYPES, state_dtype
+from ..ops.constants import HALF_DTYPES
 from ..ops.norms import combine_norms
-from ..ops.optim_args import MODES, check_betas
-from .shards import is_sharded
+from ..ops.optim_args import MODES, OptimStep, check_betas
+from .shards import is_sharded, on_local_shards
+from .state_load import adopt_state, check_loadable
+from .state_storage import (
+    CONVERT_HINT,
+    DEFAULT_INT8_MIN_NUMEL,
+    DEFAULT_STATE_DTYPE,
+    SCALES,
+    check_state_options,
+    new_state,
+    storage_of,
+    stored_dtype,
+)
 
 PARAM_MODES = tuple(MODES)
 DEFAULT_PARAM_MODE = "master"
@@ -42,10 +55,13 @@ def _norm_of(grads: list[torch.Tensor]) -> torch.Tensor:
 
 
 class FusedOptimizer(torch.optim.Optimizer):
-    """Base of the fused optimizers; subclasses define `_run_op` and `_init_state`."""
+    """Base of the fused optimizers. A subclass names its op (`_op`, `_record`), its state keys in the op's slot
+    order (`_state_keys`), which of them a group uses (`_used_keys`) and the group's op options (`_options`)."""
 
     _step_supports_amp_scaling = True  # torch.amp.GradScaler hands us grad_scale and found_inf
-    _state_keys: tuple[str, ...] = ()  # per-param state held in state_dtype(param)
+    _state_keys: tuple[str, ...] = ()  # per-param state, in the op's slot order (its record's STATE)
+    _record: ClassVar[type[OptimStep]]  # the op's record: its state lists' names and code books (SIGNED)
+    _op: ClassVar[Callable[..., None]]  # the op (gradacc_ext.ops.adamw_step_, ...)
 
     def __init__(
         self,
@@ -56,6 +72,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         param_mode: str,
         seed: int,
         backend: str,
+        state_dtype: str = DEFAULT_STATE_DTYPE,
+        int8_min_numel: int = DEFAULT_INT8_MIN_NUMEL,
     ) -> None:
         if defaults.get("differentiable"):
             raise ValueError(f"{type(self).__name__} does not support differentiable=True")
@@ -65,12 +83,30 @@ class FusedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"max_grad_norm must be finite and > 0, got {max_grad_norm}")
         if param_mode not in PARAM_MODES:
             raise ValueError(f"param_mode must be one of {PARAM_MODES}, got {param_mode!r}")
+        # Group keys, saved in the state_dict: the storage a checkpoint's states are in, and the seed of the
+        # stochastic roundings (params' and bf16 states'), whose draws follow (seed, step count): resume is exact.
+        defaults = {**defaults, "state_dtype": state_dtype, "int8_min_numel": int8_min_numel, "seed": int(seed)}
+        self.check_group(defaults)
         super().__init__(params, defaults)
         self.max_grad_norm = max_grad_norm
         self.param_mode = param_mode
-        self.seed = int(seed)
+        self.seed = int(seed)  # the default of every group's "seed"
         self.backend = backend
         self.last_grad_norm: torch.Tensor | None = None  # the pre-clip norm of the last step (max_grad_norm)
+
+    def check_group(self, group: dict[str, Any]) -> None:
+        """ValueError unless the group's state_dtype / int8_min_numel are valid (and, int8, no amsgrad)."""
+        name = type(self).__name__
+        check_state_options(name, group["state_dtype"], group["int8_min_numel"])
+        if group["state_dtype"] == "int8" and group.get("amsgrad"):
+            raise ValueError(
+                f"{name}: amsgrad=True is not supported with state_dtype='int8' (its max_exp_avg_sq would be "
+                "re-quantized every step); use state_dtype='bf16' or 'fp32' for amsgrad"
+            )
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.check_group({**self.defaults, **param_group})
+        super().add_param_group(param_group)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -78,31 +114,33 @@ class FusedOptimizer(torch.optim.Optimizer):
             for key, value in self.defaults.items():
                 group.setdefault(key, value)
 
+    def state_storages(self) -> list[dict[str, int]]:
+        """Per param group: the number of params whose state is in each storage ("fp32", "bf16", "int8")."""
+        counts = []
+        for group in self.param_groups:
+            count: dict[str, int] = {}
+            for p in group["params"]:
+                storage = storage_of(p, group)
+                count[storage] = count.get(storage, 0) + 1
+            counts.append(count)
+        return counts
+
     # ---- checkpoints ----------------------------------------------------------------------------
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """torch's loader casts state to the param's dtype; ours is float32 for 16-bit params (and
-        the step count a float32 tensor beside its param), so the saved tensors are re-read exactly."""
+        """torch's loader casts state to the param's dtype; ours is float32 for 16-bit params (bf16 or uint8 codes
+        with float32 scales in the low-bit storages, the step count a float32 tensor beside its param), so the
+        saved tensors are re-read exactly. A state that does not fit its param and storage is refused before
+        anything is written (state_load.check_loadable)."""
+        check_loadable(self, state_dict)
         super().load_state_dict(state_dict)
         saved_ids = (pid for group in state_dict["param_groups"] for pid in group["params"])
-        params = (p for group in self.param_groups for p in group["params"])
-        by_id = dict(zip(saved_ids, params, strict=False))
+        placed = ((p, group) for group in self.param_groups for p in group["params"])
+        by_id = dict(zip(saved_ids, placed, strict=False))
         for pid, saved in state_dict["state"].items():
-            param = by_id.get(pid)
-            if param is not None:
-                self._adopt_state(param, saved)
-
-    def _adopt_state(self, param: torch.Tensor, saved: dict[str, Any]) -> None:
-        state = self.state[param]
-        for key in self._state_keys:
-            if isinstance(saved.get(key), torch.Tensor):
-                state[key] = saved[key].to(device=param.device, dtype=state_dtype(param.dtype), copy=True)
-        if isinstance(saved.get("master_param"), torch.Tensor):
-            state["master_param"] = saved["master_param"].to(device=param.device, dtype=torch.float32, copy=True)
-        if "step" in saved:
-            step = saved["step"]
-            value = step if isinstance(step, torch.Tensor) else torch.tensor(float(step))
-            state["step"] = value.to(device=param.device, dtype=torch.float32, copy=True).reshape(())
+            if pid in by_id:
+                param, group = by_id[pid]
+                adopt_state(self.state[param], param, storage_of(param, group), self._state_keys, saved)
 
     # ---- the step ---------------------------------------------------------------------------------
 
@@ -135,7 +173,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         grad_mult = self._clip(work, grad_mult, device)
         found_inf = None if found_inf is None else found_inf.to(device, torch.float32).reshape(())
         for group, params in work:
-            for bucket in self._buckets(params):
+            for bucket in self._buckets(group, params):
                 self._step_bucket(group, bucket, [p.grad for p in bucket], grad_mult, found_inf)
         return loss
 
@@ -148,7 +186,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         `grad_mult` is the whole multiplier (max_grad_norm is not applied: the caller clips)."""
         for group in self.param_groups:
             params = [p for p in group["params"] if p in grads]
-            for bucket in self._buckets(params):
+            for bucket in self._buckets(group, params):
                 self._step_bucket(group, bucket, [grads[p] for p in bucket], grad_mult, found_inf)
 
     def _clip(self, work, grad_mult: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
@@ -172,12 +210,13 @@ class FusedOptimizer(torch.optim.Optimizer):
         coef = torch.clamp(self.max_grad_norm / (norm + CLIP_EPS), max=1.0)
         return coef if grad_mult is None else grad_mult * coef
 
-    def _buckets(self, params: list[torch.Tensor]) -> Iterable[list[torch.Tensor]]:
-        """One op call per device, with 16-bit params apart in master mode (only they have masters)."""
-        buckets: dict[tuple[torch.device, bool], list[torch.Tensor]] = {}
+    def _buckets(self, group: dict[str, Any], params: list[torch.Tensor]) -> Iterable[list[torch.Tensor]]:
+        """One op call per device and state storage, with 16-bit params apart in master mode (only they have
+        masters): a group with int8 states makes at most two calls per device, fp32 (small tensors) and int8."""
+        buckets: dict[tuple[torch.device, bool, str], list[torch.Tensor]] = {}
         for p in params:
             low = self.param_mode == "master" and p.dtype in HALF_DTYPES
-            buckets.setdefault((p.device, low), []).append(p)
+            buckets.setdefault((p.device, low, storage_of(p, group)), []).append(p)
         return buckets.values()
 
     def _step_bucket(self, group, params, grads, grad_mult, found_inf) -> None:
@@ -192,30 +231,59 @@ class FusedOptimizer(torch.optim.Optimizer):
             steps.append(state["step"])
             if master_mode:
                 masters.append(state["master_param"])
+        states = self._state_lists(group, params, storage_of(params[0], group))
         lr = group["lr"]
         if isinstance(lr, torch.Tensor):
             lr = lr.to(params[0].device, torch.float32)
-        kwargs = {
-            "lr": lr,
-            "grad_mult": grad_mult,
-            "found_inf": found_inf,
-            "maximize": bool(group["maximize"]),
-            "mode": "master" if master_mode else ("stochastic" if self.param_mode == "stochastic" else "nearest"),
-            "seed": self.seed,
-            "backend": self.backend,
-        }
-        self._run_op(group, params, grads, steps, masters, kwargs)
+        on_local_shards(type(self)._op)(
+            params,
+            grads,
+            steps=steps,
+            master_params=masters,
+            **states,
+            **self._options(group),
+            lr=lr,
+            grad_mult=grad_mult,
+            found_inf=found_inf,
+            maximize=bool(group["maximize"]),
+            mode="master" if master_mode else ("stochastic" if self.param_mode == "stochastic" else "nearest"),
+            seed=int(group["seed"]),
+            backend=self.backend,
+        )
+
+    def _state_lists(self, group: dict[str, Any], params: list[torch.Tensor], storage: str) -> dict[str, list]:
+        """The op's state lists (and, int8, their scales lists) for one bucket, states created as first used."""
+        lists: dict[str, list] = {}
+        used = self._used_keys(group)
+        for slot, (key, (arg, _)) in enumerate(zip(self._state_keys, self._record.STATE, strict=True)):
+            if key not in used:
+                continue
+            for p in params:
+                state = self.state[p]
+                if state.get(key) is None:
+                    state.update(new_state(p, storage, key, self._record.SIGNED[slot]))
+                elif state[key].dtype != stored_dtype(p, storage):
+                    raise ValueError(
+                        f"{type(self).__name__}: a param's {key} is {state[key].dtype}, but its group stores "
+                        f"{storage!r} states (state_dtype={group['state_dtype']!r}, int8_min_numel="
+                        f"{group['int8_min_numel']}); {CONVERT_HINT}"
+                    )
+            lists[arg] = [self.state[p][key] for p in params]
+            if storage == "int8":
+                lists[arg + SCALES] = [self.state[p][key + SCALES] for p in params]
+        return lists
 
     def _init_state(self, param: torch.Tensor, state: dict[str, Any]) -> None:
+        """The step count of a param's first step (its state tensors are made as the op first needs them)."""
+        state["step"] = new_step(param)
+
+    def _used_keys(self, group: dict[str, Any]) -> tuple[str, ...]:
+        """The state keys this group's options use (AdamW's max_exp_avg_sq only with amsgrad, ...)."""
+        return self._state_keys
+
+    def _options(self, group: dict[str, Any]) -> dict[str, Any]:
+        """The op's optimizer options (betas, eps, momentum, ...) from the group."""
         raise NotImplementedError
-
-    def _run_op(self, group, params, grads, steps, masters, kwargs) -> None:
-        raise NotImplementedError
-
-
-def new_state(param: torch.Tensor) -> torch.Tensor:
-    """A zero state tensor for `param`: float32, or float64 for a float64 param."""
-    return torch.zeros_like(param, dtype=state_dtype(param.dtype), memory_format=torch.contiguous_format)
 
 
 def new_step(param: torch.Tensor, value: float = 0.0) -> torch.Tensor:

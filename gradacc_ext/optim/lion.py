@@ -7,8 +7,9 @@ from typing import Any
 import torch
 
 from ..ops import lion_step_
-from ._fused import DEFAULT_PARAM_MODE, FusedOptimizer, check_betas_and_decay, new_state, new_step
-from .shards import on_local_shards
+from ..ops.optim_args import LionStep
+from ._fused import DEFAULT_PARAM_MODE, FusedOptimizer, check_betas_and_decay
+from .state_storage import DEFAULT_INT8_MIN_NUMEL, DEFAULT_STATE_DTYPE
 
 
 class FusedLion(FusedOptimizer):
@@ -31,9 +32,14 @@ class FusedLion(FusedOptimizer):
     float32 grads of 16-bit params, ``maximize``, and the torch.amp.GradScaler protocol (the scale
     and found_inf are applied inside the step). ``step_grads(grads, grad_mult, found_inf)`` steps
     from given buffers, as GradientAccumulator's fused tail calls it.
+
+    ``state_dtype`` ("fp32", "bf16", "int8" on a signed map) and ``int8_min_numel`` store ``exp_avg`` as
+    FusedAdamW's do its moments (fp32, the default, is lion-pytorch's format; float64 params keep float64).
     """
 
     _state_keys = ("exp_avg",)
+    _record = LionStep
+    _op = staticmethod(lion_step_)
 
     def __init__(
         self,
@@ -49,6 +55,8 @@ class FusedLion(FusedOptimizer):
         param_mode: str = DEFAULT_PARAM_MODE,
         seed: int = 0,
         backend: str = "auto",
+        state_dtype: str = DEFAULT_STATE_DTYPE,
+        int8_min_numel: int = DEFAULT_INT8_MIN_NUMEL,
     ) -> None:
         check_betas_and_decay(betas, weight_decay)
         defaults = {
@@ -60,23 +68,10 @@ class FusedLion(FusedOptimizer):
             "differentiable": differentiable,
         }
         super().__init__(
-            params, defaults, max_grad_norm=max_grad_norm, param_mode=param_mode, seed=seed, backend=backend
-        )
+            params, defaults, max_grad_norm=max_grad_norm, param_mode=param_mode, seed=seed, backend=backend,
+            state_dtype=state_dtype, int8_min_numel=int8_min_numel,
+        )  # fmt: skip
 
-    def _init_state(self, param: torch.Tensor, state: dict[str, Any]) -> None:
-        state["step"] = new_step(param)
-        if state.get("exp_avg") is None:  # a lion-pytorch checkpoint brings its own
-            state["exp_avg"] = new_state(param)
-
-    def _run_op(self, group, params, grads, steps, masters, kwargs) -> None:
+    def _options(self, group: dict[str, Any]) -> dict[str, Any]:
         beta1, beta2 = group["betas"]
-        on_local_shards(lion_step_)(
-            params,
-            grads,
-            [self.state[p]["exp_avg"] for p in params],
-            betas=(float(beta1), float(beta2)),
-            weight_decay=group["weight_decay"],
-            steps=steps,
-            master_params=masters,
-            **kwargs,
-        )
+        return {"betas": (float(beta1), float(beta2)), "weight_decay": group["weight_decay"]}

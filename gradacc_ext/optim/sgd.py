@@ -7,8 +7,9 @@ from typing import Any
 import torch
 
 from ..ops import sgd_step_
-from ._fused import DEFAULT_PARAM_MODE, FusedOptimizer, new_state, new_step
-from .shards import on_local_shards
+from ..ops.optim_args import SGDStep
+from ._fused import DEFAULT_PARAM_MODE, FusedOptimizer, new_step
+from .state_storage import DEFAULT_INT8_MIN_NUMEL, DEFAULT_STATE_DTYPE
 
 
 class FusedSGD(FusedOptimizer):
@@ -19,9 +20,14 @@ class FusedSGD(FusedOptimizer):
     first step (the buffer starts as that step's gradient) on the device, without a host sync;
     a torch.optim.SGD checkpoint without it loads as "past the first step" exactly when it has a
     momentum buffer.
+
+    ``state_dtype`` ("fp32", "bf16", "int8" on a signed map) and ``int8_min_numel`` store the momentum buffer
+    as FusedAdamW's do its moments (fp32 stays torch's format; float64 params keep float64 buffers).
     """
 
     _state_keys = ("momentum_buffer",)
+    _record = SGDStep
+    _op = staticmethod(sgd_step_)
 
     def __init__(
         self,
@@ -40,6 +46,8 @@ class FusedSGD(FusedOptimizer):
         param_mode: str = DEFAULT_PARAM_MODE,
         seed: int = 0,
         backend: str = "auto",
+        state_dtype: str = DEFAULT_STATE_DTYPE,
+        int8_min_numel: int = DEFAULT_INT8_MIN_NUMEL,
     ) -> None:
         if momentum < 0.0:
             raise ValueError(f"Invalid momentum value: {momentum}")
@@ -59,29 +67,16 @@ class FusedSGD(FusedOptimizer):
             "fused": fused,
         }
         super().__init__(
-            params, defaults, max_grad_norm=max_grad_norm, param_mode=param_mode, seed=seed, backend=backend
-        )
+            params, defaults, max_grad_norm=max_grad_norm, param_mode=param_mode, seed=seed, backend=backend,
+            state_dtype=state_dtype, int8_min_numel=int8_min_numel,
+        )  # fmt: skip
 
     def _init_state(self, param: torch.Tensor, state: dict[str, Any]) -> None:
         state["step"] = new_step(param, 1.0 if state.get("momentum_buffer") is not None else 0.0)
 
-    def _run_op(self, group, params, grads, steps, masters, kwargs) -> None:
-        buffers = []
-        if group["momentum"] != 0:
-            for p in params:
-                state = self.state[p]
-                if state.get("momentum_buffer") is None:
-                    state["momentum_buffer"] = new_state(p)  # overwritten by the first step's gradient
-                buffers.append(state["momentum_buffer"])
-        on_local_shards(sgd_step_)(
-            params,
-            grads,
-            momentum=group["momentum"],
-            dampening=group["dampening"],
-            weight_decay=group["weight_decay"],
-            nesterov=group["nesterov"],
-            momentum_buffers=buffers,
-            steps=steps,
-            master_params=masters,
-            **kwargs,
-        )
+    def _used_keys(self, group: dict[str, Any]) -> tuple[str, ...]:
+        # a fresh buffer is overwritten by the first step's gradient (its step count is 0)
+        return self._state_keys if group["momentum"] != 0 else ()
+
+    def _options(self, group: dict[str, Any]) -> dict[str, Any]:
+        return {key: group[key] for key in ("momentum", "dampening", "weight_decay", "nesterov")}

@@ -11,9 +11,8 @@ from gradacc_ext.optim._fused import FusedOptimizer
 class _Unlisted(FusedOptimizer):
     """A fused optimizer no module names: FusedSGD's state and op under a new class."""
 
-    _state_keys = FusedSGD._state_keys
-    _init_state = FusedSGD._init_state
-    _run_op = FusedSGD._run_op
+    _state_keys, _record, _op = FusedSGD._state_keys, FusedSGD._record, FusedSGD._op
+    _init_state, _used_keys, _options = FusedSGD._init_state, FusedSGD._used_keys, FusedSGD._options
 
     def __init__(self, params) -> None:
         defaults = {"lr": 0.1, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False,
