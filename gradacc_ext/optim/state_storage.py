@@ -24,6 +24,7 @@ import torch
 from ..ops.constants import state_dtype
 from ..ops.quant_maps import BLOCK, map_name
 from .shards import is_sharded
+from .state_shards import int8_fallback_reason, new_sharded_int8_state
 
 STATE_DTYPES = ("fp32", "bf16", "int8")
 DEFAULT_STATE_DTYPE = "fp32"
@@ -43,9 +44,12 @@ def check_state_options(owner: str, state_dtype: Any, int8_min_numel: Any) -> No
 
 
 def storage_of(param: torch.Tensor, group: dict[str, Any]) -> str:
-    """The storage of `param`'s state in `group`: "fp32", "bf16" or "int8"."""
+    """The storage of `param`'s state in `group`: "fp32", "bf16" or "int8". An FSDP2/HSDP param whose shards are
+    not all block-aligned keeps fp32 states in an int8 group (state_shards.int8_fallback_reason says why)."""
     wanted = group["state_dtype"]
     if param.dtype == torch.float64 or (wanted == "int8" and param.numel() < group["int8_min_numel"]):
+        return "fp32"
+    if wanted == "int8" and int8_fallback_reason(param) is not None:
         return "fp32"
     return wanted
 
@@ -62,11 +66,8 @@ def new_state(param: torch.Tensor, storage: str, key: str, signed: bool) -> dict
         return {key: torch.zeros_like(param, dtype=state_dtype(param.dtype), memory_format=torch.contiguous_format)}
     if storage == "bf16":
         return {key: torch.zeros_like(param, dtype=torch.bfloat16, memory_format=torch.contiguous_format)}
-    if is_sharded(param):
-        raise ValueError(
-            "state_dtype='int8' is not supported for FSDP2 sharded (DTensor) params yet: their scales would be "
-            "per shard; use state_dtype='bf16' or 'fp32'"
-        )
+    if is_sharded(param):  # DTensor codes and scales (an aligned param: storage_of)
+        return new_sharded_int8_state(param, key, signed, key + SCALES, key + MAP)
     codes = torch.zeros_like(param, dtype=torch.uint8, memory_format=torch.contiguous_format)
     scales = torch.zeros(scales_numel(param), dtype=torch.float32, device=param.device)
     return {key: codes, key + SCALES: scales, key + MAP: map_name(signed)}
