@@ -113,3 +113,10 @@ def _int8_error(param: torch.Tensor, key: str, signed: bool, codes: torch.Tensor
     if saved.get(key + MAP) != map_name(signed):
         return f"{key}{MAP} is {saved.get(key + MAP)!r}, expected {map_name(signed)!r}"
     return None
+
+
+def state_storage_report(optimizer: Any) -> list[dict[str, int]] | None:
+    """Per param group, the number of params whose state is in each storage (get_accumulation_stats()'s
+    "optimizer_state_storage"); None for an optimizer without state_dtype (torch.optim's keep the param's dtype)."""
+    report = getattr(optimizer, "state_storages", None)
+    return report() if callable(report) else None
