@@ -42,6 +42,16 @@ def check_state_options(owner: str, state_dtype: Any, int8_min_numel: Any) -> No
         )
 
 
+def check_group_storage(owner: str, group: dict[str, Any]) -> None:
+    """check_state_options on a param group's keys, and int8 states refused with amsgrad."""
+    check_state_options(owner, group["state_dtype"], group["int8_min_numel"])
+    if group["state_dtype"] == "int8" and group.get("amsgrad"):
+        raise ValueError(
+            f"{owner}: amsgrad=True is not supported with state_dtype='int8' (its max_exp_avg_sq would be "
+            "re-quantized every step); use state_dtype='bf16' or 'fp32' for amsgrad"
+        )
+
+
 def storage_of(param: torch.Tensor, group: dict[str, Any]) -> str:
     """The storage of `param`'s state in `group`: "fp32", "bf16" or "int8"."""
     wanted = group["state_dtype"]
