@@ -1,4 +1,5 @@
-"""What `gradacc info` reports: build against runtime, GPU archs, and each op's backend."""
+"""What `gradacc info` reports: build against runtime, GPU archs, each op's backend, and the optimizer state
+storages (state_dtype) the optimizer steps take there."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ..ops import coverage as gpu_coverage
 from ..ops import resolve_backend, runs_with
 from ..ops.core_args import CORE_RECORDS
 from ..ops.optim_args import RECORDS
+from ..optim.state_storage import STATE_DTYPES
 from . import wheel_choice
 
 OPS = tuple(record.NAME for record in (*CORE_RECORDS, *RECORDS))  # the core ops, then the optimizer steps
@@ -32,6 +34,7 @@ def collect() -> dict[str, Any]:
             # report right if an op ever gains or loses a kernel of its own.
             chosen, reason = resolve_backend(device, "auto")
             backends[device][op] = {"backend": chosen, "reason": reason}
+    storages = {device: state_storages(per_op["adamw_step_"]["backend"]) for device, per_op in backends.items()}
     return {
         "version": __version__,
         "extension_loaded": build["extension_loaded"],
@@ -59,8 +62,18 @@ def collect() -> dict[str, Any]:
         },
         "gpus": gpus or None,
         "backends": backends,
+        "state_storages": storages,
         "wheel": _wheel(build["built_cuda_version"]),
     }
+
+
+def state_storages(backend: str) -> list[str]:
+    """The optimizers' state_dtype values the steps take on `backend`: the reference ("torch") takes all; the
+    compiled kernels those their schema has lists for (the low-bit storages came with the scales lists)."""
+    if backend == "torch":
+        return list(STATE_DTYPES)
+    arguments = {argument.name for argument in torch.ops.gradacc.adamw_step_.default._schema.arguments}
+    return list(STATE_DTYPES) if "exp_avgs_scales" in arguments else [STATE_DTYPES[0]]
 
 
 def _wheel(built_cuda: str | None) -> dict[str, Any]:
@@ -99,6 +112,8 @@ def render(info: dict[str, Any]) -> str:
     verdict = "the one installed" if wheel["fits"] == wheel["installed"] else f"installed: {wheel['installed']}"
     lines.append(f"wheel:      {wheel['fits'] or 'none, build from source'} fits ({verdict}): {wheel['reason']}")
     lines.append(f"            {wheel['facts']}")
+    for device, storages in info["state_storages"].items():
+        lines.append(f"states:     {device} optimizer state_dtype: {', '.join(storages)}")
     lines.append("backends (backend='auto'):")
     width = max(len(op) for op in OPS)
     for device, per_op in info["backends"].items():

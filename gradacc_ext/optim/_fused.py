@@ -11,6 +11,7 @@ Nothing synchronises the host.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
@@ -29,7 +30,7 @@ from .state_storage import (
     DEFAULT_INT8_MIN_NUMEL,
     DEFAULT_STATE_DTYPE,
     SCALES,
-    check_state_options,
+    check_group_storage,
     new_state,
     storage_of,
     stored_dtype,
@@ -96,13 +97,7 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def check_group(self, group: dict[str, Any]) -> None:
         """ValueError unless the group's state_dtype / int8_min_numel are valid (and, int8, no amsgrad)."""
-        name = type(self).__name__
-        check_state_options(name, group["state_dtype"], group["int8_min_numel"])
-        if group["state_dtype"] == "int8" and group.get("amsgrad"):
-            raise ValueError(
-                f"{name}: amsgrad=True is not supported with state_dtype='int8' (its max_exp_avg_sq would be "
-                "re-quantized every step); use state_dtype='bf16' or 'fp32' for amsgrad"
-            )
+        check_group_storage(type(self).__name__, group)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         self.check_group({**self.defaults, **param_group})
@@ -172,9 +167,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         grad_mult = None if grad_scale is None else torch.reciprocal(grad_scale.to(device, torch.float32))
         grad_mult = self._clip(work, grad_mult, device)
         found_inf = None if found_inf is None else found_inf.to(device, torch.float32).reshape(())
-        for group, params in work:
-            for bucket in self._buckets(group, params):
-                self._step_bucket(group, bucket, [p.grad for p in bucket], grad_mult, found_inf)
+        self._run([(group, {p: p.grad for p in params}) for group, params in work], grad_mult, found_inf)
         return loss
 
     @torch.no_grad()
@@ -184,10 +177,19 @@ class FusedOptimizer(torch.optim.Optimizer):
         """One step whose grads are given, not read from .grad (GradientAccumulator's fused tail: its
         float32 buffers, possibly for 16-bit params): params absent from `grads` are not stepped,
         `grad_mult` is the whole multiplier (max_grad_norm is not applied: the caller clips)."""
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p in grads]
-            for bucket in self._buckets(group, params):
-                self._step_bucket(group, bucket, [grads[p] for p in bucket], grad_mult, found_inf)
+        work = [(group, {p: grads[p] for p in group["params"] if p in grads}) for group in self.param_groups]
+        self._run(work, grad_mult, found_inf)
+
+    def _run(self, work: list[tuple[dict, dict]], grad_mult, found_inf) -> None:
+        """The op calls of every (group, {param: grad}): all prepared (states checked, made where new) before
+        the first runs, so a state in the wrong storage is refused before anything is written."""
+        calls = [
+            self._bucket_call(group, bucket, [grads[p] for p in bucket], grad_mult, found_inf)
+            for group, grads in work
+            for bucket in self._buckets(group, list(grads))
+        ]
+        for call in calls:
+            call()
 
     def _clip(self, work, grad_mult: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
         """Folds min(1, max_norm / (norm + eps)) of the (unscaled) grads into grad_mult."""
@@ -219,7 +221,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             buckets.setdefault((p.device, low, storage_of(p, group)), []).append(p)
         return buckets.values()
 
-    def _step_bucket(self, group, params, grads, grad_mult, found_inf) -> None:
+    def _bucket_call(self, group, params, grads, grad_mult, found_inf) -> Callable[[], None]:
         masters, steps = [], []
         master_mode = self.param_mode == "master" and params[0].dtype in HALF_DTYPES
         for p in params:
@@ -235,7 +237,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         lr = group["lr"]
         if isinstance(lr, torch.Tensor):
             lr = lr.to(params[0].device, torch.float32)
-        on_local_shards(type(self)._op)(
+        return functools.partial(
+            on_local_shards(type(self)._op),
             params,
             grads,
             steps=steps,

@@ -43,6 +43,16 @@ def check_state_options(owner: str, state_dtype: Any, int8_min_numel: Any) -> No
         )
 
 
+def check_group_storage(owner: str, group: dict[str, Any]) -> None:
+    """check_state_options on a param group's keys, and int8 states refused with amsgrad."""
+    check_state_options(owner, group["state_dtype"], group["int8_min_numel"])
+    if group["state_dtype"] == "int8" and group.get("amsgrad"):
+        raise ValueError(
+            f"{owner}: amsgrad=True is not supported with state_dtype='int8' (its max_exp_avg_sq would be "
+            "re-quantized every step); use state_dtype='bf16' or 'fp32' for amsgrad"
+        )
+
+
 def storage_of(param: torch.Tensor, group: dict[str, Any]) -> str:
     """The storage of `param`'s state in `group`: "fp32", "bf16" or "int8". An FSDP2/HSDP param whose shards are
     not all block-aligned keeps fp32 states in an int8 group (state_shards.int8_fallback_reason says why)."""
@@ -114,3 +124,10 @@ def _int8_error(param: torch.Tensor, key: str, signed: bool, codes: torch.Tensor
     if saved.get(key + MAP) != map_name(signed):
         return f"{key}{MAP} is {saved.get(key + MAP)!r}, expected {map_name(signed)!r}"
     return None
+
+
+def state_storage_report(optimizer: Any) -> list[dict[str, int]] | None:
+    """Per param group, the number of params whose state is in each storage (get_accumulation_stats()'s
+    "optimizer_state_storage"); None for an optimizer without state_dtype (torch.optim's keep the param's dtype)."""
+    report = getattr(optimizer, "state_storages", None)
+    return report() if callable(report) else None
