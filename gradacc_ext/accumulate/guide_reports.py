@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..optim.state_storage import state_storage_report
+from ..optim.state_storage import state_fallback_report, state_storage_report
 from .stats import GB
 
 if TYPE_CHECKING:  # the accumulator calls these; they only read it
@@ -64,6 +64,7 @@ def all_stats(acc: GradientAccumulator) -> dict[str, Any]:
         "fused_step_reason": stats.fused_step_reason,
         "fused_linear_params": stats.fused_linear_params,
         "optimizer_state_storage": state_storage_report(acc.optimizer),
+        "optimizer_state_fallbacks": state_fallback_report(acc.optimizer),
         "linear_fusion_fallbacks": dict(stats.linear_fusion_fallbacks),
         "linear_fusion_unfused_calls": dict(stats.linear_fusion_unfused_calls),
         "time_per_micro_step_s": micro_time,

@@ -34,6 +34,7 @@ from .state_storage import (
     new_state,
     storage_of,
     stored_dtype,
+    with_fallbacks,
 )
 
 PARAM_MODES = tuple(MODES)
@@ -119,6 +120,9 @@ class FusedOptimizer(torch.optim.Optimizer):
                 count[storage] = count.get(storage, 0) + 1
             counts.append(count)
         return counts
+
+    def __repr__(self) -> str:
+        return with_fallbacks(super().__repr__(), self)
 
     # ---- checkpoints ----------------------------------------------------------------------------
 

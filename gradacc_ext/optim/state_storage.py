@@ -59,9 +59,17 @@ def storage_of(param: torch.Tensor, group: dict[str, Any]) -> str:
     wanted = group["state_dtype"]
     if param.dtype == torch.float64 or (wanted == "int8" and param.numel() < group["int8_min_numel"]):
         return "fp32"
-    if wanted == "int8" and int8_fallback_reason(param) is not None:
+    if wanted == "int8" and int8_fallback(param, group) is not None:
         return "fp32"
     return wanted
+
+
+def int8_fallback(param: torch.Tensor, group: dict[str, Any]) -> str | None:
+    """Why a param that its int8 group would quantize keeps fp32 states (an FSDP2/HSDP param whose shards are not
+    all block-aligned: state_shards.int8_fallback_reason), or None."""
+    if group["state_dtype"] != "int8" or param.dtype == torch.float64 or param.numel() < group["int8_min_numel"]:
+        return None
+    return int8_fallback_reason(param)
 
 
 def scales_numel(param: torch.Tensor) -> int:
@@ -131,3 +139,26 @@ def state_storage_report(optimizer: Any) -> list[dict[str, int]] | None:
     "optimizer_state_storage"); None for an optimizer without state_dtype (torch.optim's keep the param's dtype)."""
     report = getattr(optimizer, "state_storages", None)
     return report() if callable(report) else None
+
+
+def state_fallback_report(optimizer: Any) -> list[dict[int, str]] | None:
+    """Per param group, {param index: why} for the params an int8 group keeps in fp32 states because their FSDP2
+    shards are not block-aligned (get_accumulation_stats()'s "optimizer_state_fallbacks"); None for an optimizer
+    without state_dtype."""
+    if "state_dtype" not in getattr(optimizer, "defaults", {}):
+        return None
+    return [
+        {i: why for i, p in enumerate(group["params"]) if (why := int8_fallback(p, group)) is not None}
+        for group in optimizer.param_groups
+    ]
+
+
+def with_fallbacks(text: str, optimizer: Any) -> str:
+    """A fused optimizer's repr: torch's `text` (every group's keys, state_dtype among them), then each int8
+    fallback with its reason."""
+    notes = [
+        f"    group {g} param {i} {list(optimizer.param_groups[g]['params'][i].shape)}: fp32 states, {why}\n"
+        for g, reasons in enumerate(state_fallback_report(optimizer) or [])
+        for i, why in reasons.items()
+    ]
+    return text if not notes else text.removesuffix(")") + "int8 fallbacks:\n" + "".join(notes) + ")"
