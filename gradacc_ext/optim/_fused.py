@@ -25,6 +25,7 @@ from ..ops.norms import combine_norms
 from ..ops.optim_args import MODES, OptimStep, check_betas
 from .shards import is_sharded, on_local_shards
 from .state_load import adopt_state, check_loadable
+from .state_reshard import adapt_to_layout, add_fallback_companions
 from .state_storage import (
     CONVERT_HINT,
     DEFAULT_INT8_MIN_NUMEL,
@@ -90,6 +91,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         defaults = {**defaults, "state_dtype": state_dtype, "int8_min_numel": int8_min_numel, "seed": int(seed)}
         self.check_group(defaults)
         super().__init__(params, defaults)
+        self.register_state_dict_post_hook(add_fallback_companions)  # FSDP2 layouts: state_reshard.py
         self.max_grad_norm = max_grad_norm
         self.param_mode = param_mode
         self.seed = int(seed)  # the default of every group's "seed"
@@ -131,6 +133,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         with float32 scales in the low-bit storages, the step count a float32 tensor beside its param), so the
         saved tensors are re-read exactly. A state that does not fit its param and storage is refused before
         anything is written (state_load.check_loadable)."""
+        state_dict = adapt_to_layout(self, state_dict)  # saved at another FSDP2 layout: state_reshard.py
         check_loadable(self, state_dict)
         super().load_state_dict(state_dict)
         saved_ids = (pid for group in state_dict["param_groups"] for pid in group["params"])

@@ -3,6 +3,8 @@
 Every rank trains on the same batches, so FSDP2's averaged grads are one process's exactly and the runs can be
 compared bit for bit: on block-aligned params the int8 step on the shards equals one process's (params, codes,
 scales); unaligned params keep fp32 states (one process with those params in an fp32 group is the reference).
+Checkpoints: resume at the same world size; 2 ranks -> 1 process (aligned: exact; a param that fell back on 2
+ranks: refused); 1 process -> 2 ranks (the params that fall back there: dequantized into fp32 states).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
 from gradacc_ext.ops.quant_maps import BLOCK
+from gradacc_ext.optim.state_convert import dequantize
 from gradacc_ext.optim.state_shards import int8_fallback_reason
 
 pytestmark = [pytest.mark.distributed, needs_gloo]
@@ -99,6 +102,53 @@ def test_int8_states_on_two_fsdp2_ranks_equal_one_process_and_resume(tmp_path):
     ref_opt = make_opt("adamw", ref.parameters())
     train(ref, ref_opt, data)
     assert_same_run(model, opt, ref, ref_opt)
+    # a param that fell back to fp32 states on 2 ranks is int8 here: DCP cast its fp32 values into codes: refused
+    model = mixed_model()
+    opt = make_opt("adamw", model.parameters())
+    refused = r"exp_avg of param 0\.bias \(shape \[3\]\) was saved in fp32 states .* would load as int8"
+    with pytest.raises(ValueError, match=refused):
+        dcp_load(model, opt, str(tmp_path / "ckpt-adamw-int8"))
+
+
+def dequantized_reference(model, opt, aligned: tuple[str, ...]) -> torch.optim.Optimizer:
+    """An optimizer over one process's `model` that holds `opt`'s int8 states for the `aligned` params and the
+    others' dequantized into fp32 states (what loading at a layout where they fall back must give)."""
+    ref_opt = make_opt("adamw", split_groups(model, aligned))
+    for name, p in model.named_parameters():
+        state = opt.state[p]
+        if name in aligned:
+            ref_opt.state[p] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+        else:
+            codes = {
+                k: dequantize(state[k], state[k + "_scales"], state[k + "_map"]) for k in ("exp_avg", "exp_avg_sq")
+            }
+            ref_opt.state[p] = {"step": state["step"].clone(), **codes}
+    return ref_opt
+
+
+def reshard_worker(rank: int, world: int, ckpt: str) -> None:
+    """A one-process checkpoint (every param int8) loaded on 2 ranks, then 2 more steps."""
+    mesh = init_device_mesh("cpu", (world,))
+    data = batches(STEPS, seed=19)
+    plain = mixed_model()
+    plain_opt = make_opt("adamw", plain.parameters())
+    train(plain, plain_opt, data[:2])  # what the checkpoint holds
+    ref_opt = dequantized_reference(plain, plain_opt, ALIGNED_ON_2)
+    model = sharded(mixed_model(seed=5), mesh)
+    opt = make_opt("adamw", model.parameters())
+    dcp_load(model, opt, ckpt)
+    assert_same_run(model, opt, plain, ref_opt)
+    train(model, opt, data[2:])
+    train(plain, ref_opt, data[2:])
+    assert_same_run(model, opt, plain, ref_opt)
+
+
+def test_one_process_int8_checkpoint_loads_on_two_ranks_dequantizing_where_unaligned(tmp_path):
+    model = mixed_model()
+    opt = make_opt("adamw", model.parameters())
+    train(model, opt, batches(2, seed=19))
+    dcp_save(model, opt, str(tmp_path / "plain"))
+    launch(reshard_worker, 2, str(tmp_path / "plain"), timeout=240)
 
 
 def hsdp_worker(rank: int, world: int) -> None:

@@ -1,0 +1,132 @@
+"""A checkpoint of FSDP2/HSDP int8 states loaded at another layout (world size, mesh): what each state becomes.
+
+A param quantizes exactly only where its shards are block-aligned (state_shards.py); elsewhere its int8 group
+keeps it in fp32 states. torch.distributed.checkpoint (DCP) loads into the tensors of the loading optimizer's own
+state_dict and casts what it reads to their dtype, so a state saved in one storage can arrive in the other's
+tensors. To tell them apart, the state_dict of a param that fell back carries the int8 companions too
+(`add_fallback_companions`): ``<key>_scales`` (zeros, laid out as an int8 state's) and ``<key>_map`` =
+FALLBACK_MAP. At load (`adapt_to_layout`, before the checks of state_load.py):
+
+* int8 saved, fp32 here: the codes (cast to float exactly by DCP, or uint8) are dequantized with the saved scales
+  into fp32 states, exactly the values the step would have read; the run continues from them in fp32.
+* fp32 saved (a fallback there), fp32 here: loaded as they are, the companions dropped.
+* fp32 saved (a fallback there), int8 here: refused, naming the param -- DCP has already cast the fp32 values
+  into this optimizer's uint8 codes, which cannot be undone (build a new optimizer; see the docs for the ways).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..ops.quant_maps import BLOCK, NAMES, code_values, map_name
+from .shards import is_sharded
+from .state_shards import scales_placements
+from .state_storage import MAP, SCALES, int8_fallback, storage_of
+
+if TYPE_CHECKING:
+    from ._fused import FusedOptimizer
+
+FALLBACK_MAP = "fp32"  # a fallback's <key>_map: its <key> holds fp32 values, its <key>_scales are placeholders
+
+
+def _placed(optimizer: FusedOptimizer, state_dict: dict[str, Any]) -> dict[Any, tuple[torch.Tensor, dict]]:
+    """Saved param id -> (param, its group's keys as loading will make them: the checkpoint's over the defaults)."""
+    placed = {}
+    for saved_group, group in zip(state_dict["param_groups"], optimizer.param_groups, strict=False):
+        loaded = {**optimizer.defaults, **{k: v for k, v in saved_group.items() if k != "params"}}
+        placed.update({pid: (p, loaded) for pid, p in zip(saved_group["params"], group["params"], strict=False)})
+    return placed
+
+
+def add_fallback_companions(optimizer: FusedOptimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """state_dict post-hook: each fallback's state gets placeholder scales and FALLBACK_MAP (see the module)."""
+    for pid, (param, group) in _placed(optimizer, state_dict).items():
+        saved = state_dict["state"].get(pid)
+        if saved is None or int8_fallback(param, group) is None:
+            continue
+        from torch.distributed.tensor import zeros
+
+        extra = {}
+        for key in optimizer._state_keys:
+            if isinstance(saved.get(key), torch.Tensor):
+                blocks = -(-param.numel() // BLOCK)
+                placements = scales_placements(tuple(param.placements))
+                extra[key + SCALES] = zeros(blocks, device_mesh=param.device_mesh, placements=placements)
+                extra[key + MAP] = FALLBACK_MAP
+        state_dict["state"][pid] = {**saved, **extra}  # a new dict: the live state keeps no placeholder
+    return state_dict
+
+
+def adapt_to_layout(optimizer: FusedOptimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """`state_dict` with each state in the storage its param has here (see the module), or a ValueError."""
+    if len(state_dict.get("param_groups", [])) != len(optimizer.param_groups):
+        return state_dict  # torch's own error follows
+    name = type(optimizer).__name__
+    states = dict(state_dict["state"])
+    for pid, (param, group) in _placed(optimizer, state_dict).items():
+        saved = states.get(pid)
+        if not isinstance(saved, dict) or not any(saved.get(k + MAP) is not None for k in optimizer._state_keys):
+            continue
+        fallback_here = int8_fallback(param, group) is not None
+        saved = dict(saved)
+        for slot, key in enumerate(optimizer._state_keys):
+            saved_map = saved.get(key + MAP)
+            if saved_map == FALLBACK_MAP and storage_of(param, group) == "int8":
+                raise ValueError(
+                    f"{name}.load_state_dict: {key} of param {pid} (shape {list(param.shape)}) was saved in fp32 "
+                    "states (its FSDP2 shards were not block-aligned there), but its shards here are, so it "
+                    "would load as int8 codes: DCP has cast the fp32 values into them. Load this checkpoint at a "
+                    "layout where the param falls back too, or convert it there with state_convert."
+                    "to_torch_state_dict / from_torch_state_dict; docs/optimizer-states.md"
+                )
+            if not fallback_here or saved_map is None:
+                continue
+            if saved_map in NAMES:
+                signed = optimizer._record.SIGNED[slot]
+                if saved_map != map_name(signed):
+                    raise ValueError(
+                        f"{name}.load_state_dict: {key}{MAP} is {saved_map!r}, expected {map_name(signed)!r}"
+                    )
+                saved[key] = dequantize_shard(param, saved[key], saved[key + SCALES], signed)
+            del saved[key + SCALES], saved[key + MAP]
+        states[pid] = saved
+    return {**state_dict, "state": states}
+
+
+def _local_flat_index(param: torch.Tensor) -> torch.Tensor:
+    """The global row-major element index of each element of `param`'s local shard (int64, its local shape)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    index = torch.zeros(shape, dtype=torch.int64)
+    for dim, (size, start) in enumerate(zip(shape, offset, strict=True)):
+        along = (torch.arange(size, dtype=torch.int64) + start) * math.prod(param.shape[dim + 1 :])
+        index += along.view([-1] + [1] * (len(shape) - dim - 1))
+    return index
+
+
+def dequantize_shard(param: torch.Tensor, codes: Any, scales: Any, signed: bool) -> torch.Tensor:
+    """fp32 state of the DTensor `param` (sharded like it) from saved codes and scales over the global blocks:
+    code value x its block's scale, in float32, as the step decodes it."""
+    from torch.distributed.tensor import DTensor
+
+    full_scales = scales.full_tensor() if is_sharded(scales) else scales  # every rank: a collective
+    index = _local_flat_index(param)
+    if is_sharded(codes) and codes.placements == param.placements:
+        local_codes = codes.to_local()
+    else:
+        local_codes = (codes.full_tensor() if is_sharded(codes) else codes).reshape(-1)[index]
+    local = param.to_local()
+    values = code_values(signed).to(local.device)[local_codes.long().to(local.device)]
+    values = values * full_scales.to(local.device, torch.float32)[(index // BLOCK).to(local.device)]
+    return DTensor.from_local(
+        values.contiguous(),
+        param.device_mesh,
+        param.placements,
+        run_check=False,
+        shape=param.shape,
+        stride=param.stride(),
+    )
