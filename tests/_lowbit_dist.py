@@ -13,6 +13,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+from gradacc_ext import GradientAccumulationConfig, GradientAccumulator
 from gradacc_ext.optim import FusedAdamW, FusedLion, FusedSGD
 
 IN, OUT, ROWS = 384, 100, 8
@@ -54,6 +55,15 @@ def train(model: torch.nn.Module, opt: torch.optim.Optimizer, data: list) -> Non
         opt.zero_grad(set_to_none=True)
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
+
+
+def train_accumulated(model: torch.nn.Module, opt: torch.optim.Optimizer, data: list) -> GradientAccumulator:
+    """Windows of 2 micro-batches through GradientAccumulator, each window ending in its fused tail."""
+    acc = GradientAccumulator(model, opt, GradientAccumulationConfig(accumulation_steps=2, fused_step=True))
+    for x, y in data:
+        with acc.micro_step():
+            acc.backward(torch.nn.functional.mse_loss(model(x), y))
+    return acc
 
 
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {

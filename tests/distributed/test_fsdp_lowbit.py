@@ -20,11 +20,13 @@ from _lowbit_dist import (
     batches,
     dcp_load,
     dcp_save,
+    full,
     make_opt,
     mixed_model,
     sharded,
     split_groups,
     train,
+    train_accumulated,
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
@@ -60,6 +62,45 @@ def check_int8_equals_one_process(mesh, aligned: tuple[str, ...]) -> None:
                 assert state.dtype == torch.float32 and key + "_scales" not in opt.state[p], (name, pname)
 
 
+def check_bf16_near_one_process(mesh) -> None:
+    """bf16 states are bf16 DTensors sharded like their params; their stochastic rounding draws by position in
+    the op's lists, which sharding changes, so the run is one process's within that rounding, not bit for bit."""
+    data = batches(STEPS, seed=29)
+    model = sharded(mixed_model(), mesh)
+    opt = make_opt("adamw", model.parameters(), "bf16")
+    train(model, opt, data)
+    ref = mixed_model()
+    ref_opt = make_opt("adamw", ref.parameters(), "bf16")
+    train(ref, ref_opt, data)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(full(p.detach()), q.detach(), rtol=0, atol=1e-3)
+        for key in ("exp_avg", "exp_avg_sq"):
+            state = opt.state[p][key]
+            assert isinstance(state, DTensor) and state.dtype == torch.bfloat16 and state.placements == p.placements
+            theirs = ref_opt.state[q][key].float()  # within a few bf16 steps of the state's scale
+            torch.testing.assert_close(full(state).float(), theirs, rtol=0, atol=2e-2 * theirs.abs().max().item())
+
+
+def check_fallbacks_reported_and_accumulated(mesh) -> None:
+    """repr and the accumulator's stats name each fallback and why; the accumulator's fused tail on int8 shards
+    equals one process's."""
+    data = batches(STEPS, seed=23)
+    model = sharded(mixed_model(), mesh)
+    opt = make_opt("adamw", model.parameters())
+    acc = train_accumulated(model, opt, data)
+    ref = mixed_model()
+    ref_opt = make_opt("adamw", split_groups(ref, ALIGNED_ON_2))
+    train_accumulated(ref, ref_opt, data)
+    assert_same_run(model, opt, ref, ref_opt)
+    assert acc.optimizer_steps == STEPS // 2 and acc.get_accumulation_stats()["fused_step"]
+    fallbacks = acc.get_accumulation_stats()["optimizer_state_fallbacks"]
+    unaligned = [i for i, (name, _) in enumerate(model.named_parameters()) if name not in ALIGNED_ON_2]
+    assert list(fallbacks[0]) == unaligned
+    assert "holds blocks (0, 4), but its 6 scales split as (0, 3)" in fallbacks[0][4]  # 4.weight
+    assert f"group 0 param 4 [3, 512]: fp32 states, {fallbacks[0][4]}" in repr(opt)
+    assert "int8 fallbacks" not in repr(ref_opt)  # one process: nothing falls back
+
+
 def check_resume(mesh, ckpt: str) -> None:
     """DCP save after 2 steps, load into fresh objects, 2 more steps: the uninterrupted run, bit for bit."""
     data = batches(STEPS, seed=13)
@@ -82,6 +123,8 @@ def fsdp_worker(rank: int, world: int, ckpt: str) -> None:
     aligned = {n for n, p in model.named_parameters() if int8_fallback_reason(p) is None}
     assert aligned == set(ALIGNED_ON_2)
     check_int8_equals_one_process(mesh, ALIGNED_ON_2)
+    check_bf16_near_one_process(mesh)
+    check_fallbacks_reported_and_accumulated(mesh)
     check_resume(mesh, ckpt)
     # for the world-size-1 load: every param aligned, saved after 2 steps
     model = sharded(aligned_model(), mesh)
