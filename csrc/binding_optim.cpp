@@ -59,7 +59,7 @@ struct Rules {
 // The arguments of one call of optimizer T, read from the stack by kind.
 template <typename T>
 struct StepArgs {
-  TensorList params, grads, masters, steps, state[T::kSlots];
+  TensorList params, grads, masters, steps, state[T::kSlots], scales[T::kSlots];
   std::optional<Tensor> lr_tensor, grad_mult, found_inf;
   OptimScalars scalars;
   int64_t mode = 0, seed = 0;
@@ -74,6 +74,7 @@ struct StepArgs {
         case StepArg::kParams: params = TensorList(v); break;
         case StepArg::kGrads: grads = TensorList(v); break;
         case StepArg::kState: state[k] = TensorList(v); break;
+        case StepArg::kScales: scales[k] = TensorList(v); break;
         case StepArg::kMasters: masters = TensorList(v); break;
         case StepArg::kSteps: steps = TensorList(v); break;
         case StepArg::kLr: scalars.lr = to<double>(v); break;
