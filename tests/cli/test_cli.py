@@ -15,9 +15,9 @@ import torch
 
 import gradacc_ext
 from gradacc_ext.cli import envinfo, main, probe
-from gradacc_ext.optim import STATE_DTYPES
 from gradacc_ext.cli.main import SIGPIPE_EXIT
 from gradacc_ext.ops.coverage import arch_coverage
+from gradacc_ext.optim import STATE_DTYPES
 
 
 def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
