@@ -14,6 +14,7 @@ int64_t element_bytes(DType dtype) {
   switch (dtype) {
     case DType::kFloat64: return 8;
     case DType::kFloat32: return 4;
+    case DType::kUInt8: return 1;  // int8 state codes
     default: return 2;  // float16, bfloat16
   }
 }

@@ -16,12 +16,14 @@
 
 namespace gradacc {
 
-// What an argument of a step is. kState and kOption stand for the
-// optimizer's own state lists and options, in their slot and option order.
+// What an argument of a step is. kState, kScales and kOption stand for the
+// optimizer's own state lists, their int8 scales lists (<state>_scales) and
+// options, in their slot and option order.
 enum class StepArg {
   kParams,
   kGrads,
   kState,
+  kScales,
   kMasters,
   kSteps,
   kLr,
@@ -35,7 +37,7 @@ enum class StepArg {
 };
 
 // One argument of an optimizer op: its kind, its state slot or option index
-// (kState, kOption), its schema type and its name.
+// (kState, kScales, kOption), its schema type and its name.
 struct StepArgDecl {
   StepArg what;
   int index;
@@ -49,6 +51,7 @@ inline constexpr StepArgDecl kCommonStepArgs[] = {
     {StepArg::kParams, 0, "Tensor(a!)[]", "params"},
     {StepArg::kGrads, 0, "Tensor[]", "grads"},
     {StepArg::kState, 0, nullptr, nullptr},
+    {StepArg::kScales, 0, nullptr, nullptr},
     {StepArg::kMasters, 0, "Tensor(e!)[]", "master_params"},
     {StepArg::kSteps, 0, "Tensor(f!)[]", "steps"},
     {StepArg::kLr, 0, "float", "lr"},
@@ -60,13 +63,32 @@ inline constexpr StepArgDecl kCommonStepArgs[] = {
     {StepArg::kParamMode, 0, "int", "param_mode"},
     {StepArg::kSeed, 0, "int", "seed"},
 };
-// The state lists' types: their alias sets are b, c and d (e and f are master_params and steps).
+// The state lists' types: their alias sets are b, c and d (e and f are master_params and steps);
+// their scales lists' are g, h and i.
 inline constexpr const char* kStateTypes[kMaxStateSlots] = {"Tensor(b!)[]", "Tensor(c!)[]", "Tensor(d!)[]"};
+inline constexpr const char* kScalesTypes[kMaxStateSlots] = {"Tensor(g!)[]", "Tensor(h!)[]", "Tensor(i!)[]"};
+
+// The names of optimizer T's scales lists, "<state>_scales", made at compile time from T::kState.
+constexpr size_t kMaxArgName = 48;
+template <typename T>
+struct ScalesNames {
+  static constexpr std::array<std::array<char, kMaxArgName>, kMaxStateSlots> kNames = [] {
+    constexpr char kSuffix[] = "_scales";
+    std::array<std::array<char, kMaxArgName>, kMaxStateSlots> out{};
+    for (int s = 0; s < T::kSlots; ++s) {
+      size_t n = 0;
+      for (const char* c = T::kState[s]; *c != 0; ++c) out[s][n++] = *c;
+      for (const char* c = kSuffix; *c != 0; ++c) out[s][n++] = *c;
+      if (n >= kMaxArgName) throw "a state list's name is too long for its scales list";  // a compile error
+    }
+    return out;
+  }();
+};
 
 template <typename T>
 constexpr int kNumOptions = int(std::size(T::kOptions));
 template <typename T>
-constexpr int kNumStepArgs = int(std::size(kCommonStepArgs)) - 2 + T::kSlots + kNumOptions<T>;
+constexpr int kNumStepArgs = int(std::size(kCommonStepArgs)) - 3 + 2 * T::kSlots + kNumOptions<T>;
 
 // Optimizer T's arguments, in schema order.
 template <typename T>
@@ -77,6 +99,8 @@ constexpr std::array<StepArgDecl, kNumStepArgs<T>> step_args() {
   for (const StepArgDecl& a : kCommonStepArgs) {
     if (a.what == StepArg::kState) {
       for (int s = 0; s < T::kSlots; ++s) out[n++] = {a.what, s, kStateTypes[s], T::kState[s]};
+    } else if (a.what == StepArg::kScales) {
+      for (int s = 0; s < T::kSlots; ++s) out[n++] = {a.what, s, kScalesTypes[s], ScalesNames<T>::kNames[s].data()};
     } else if (a.what == StepArg::kOption) {
       for (int o = 0; o < kNumOptions<T>; ++o) {
         out[n++] = {a.what, o, (T::kBoolOptions >> o) & 1 ? "bool" : "float", T::kOptions[o]};

@@ -22,8 +22,9 @@ namespace gradacc {
 // Element types the kernels understand. The 16-bit types are plain bit
 // containers so that device code needs neither torch nor cuda_fp16.h.
 // kFloat64: list elements of the norm and clip ops and of the fused optimizer
-// steps (optim_math.cuh), and a clip's total_norm.
-enum class DType : int8_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64 = 3 };
+// steps (optim_math.cuh), and a clip's total_norm. kUInt8: the codes of the
+// optimizer steps' int8 state (quant_math.cuh), never an element of a float list.
+enum class DType : int8_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64 = 3, kUInt8 = 4 };
 
 struct Half { uint16_t bits; };
 struct BFloat16 { uint16_t bits; };

@@ -11,6 +11,10 @@
 //   kName                  the op's name; its schema follows from the names
 //                          below (../optim_args.h; optim_args.py's schema_order)
 //   kSlots, kState[], kStateOptional[]   state lists, in slot order
+//   kStateSigned[]         which 8-bit code book an int8 slot uses (quant_maps.h):
+//                          signed (momenta) or unsigned (second moments)
+//   kNoInt8[]              per slot: why it may not be stored as int8 (the
+//                          option it serves), or nullptr where it may
 //   kOptions[], kWeightDecay, kBoolOptions   scalar options (schema order;
 //                                        float, or bool where their bit is
 //                                        set, read as 0/1), weight_decay's index
@@ -56,6 +60,9 @@ struct AdamW {
   static constexpr int kSlots = 3;
   static constexpr const char* kState[kSlots] = {"exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"};
   static constexpr bool kStateOptional[kSlots] = {false, false, true};  // amsgrad
+  static constexpr bool kStateSigned[kSlots] = {true, false, false};
+  // int8 with amsgrad is refused (LOWBIT_SPEC.md): amsgrad takes bf16 or fp32 states
+  static constexpr const char* kNoInt8[kSlots] = {nullptr, nullptr, "amsgrad"};
   static constexpr const char* kOptions[] = {"beta1", "beta2", "eps", "weight_decay"};
   enum : int { kBeta1, kBeta2, kEps, kWeightDecay };
   static constexpr int kBoolOptions = 0;
@@ -121,6 +128,8 @@ struct Sgd {
   static constexpr int kSlots = 1;
   static constexpr const char* kState[kSlots] = {"momentum_buffers"};
   static constexpr bool kStateOptional[kSlots] = {true};  // momentum only
+  static constexpr bool kStateSigned[kSlots] = {true};
+  static constexpr const char* kNoInt8[kSlots] = {nullptr};
   static constexpr const char* kOptions[] = {"momentum", "dampening", "weight_decay", "nesterov"};
   enum : int { kMomentum, kDampening, kWeightDecay, kNesterov };
   static constexpr int kBoolOptions = 1 << kNesterov;
@@ -185,6 +194,8 @@ struct Lion {
   static constexpr int kSlots = 1;
   static constexpr const char* kState[kSlots] = {"exp_avgs"};
   static constexpr bool kStateOptional[kSlots] = {false};
+  static constexpr bool kStateSigned[kSlots] = {true};
+  static constexpr const char* kNoInt8[kSlots] = {nullptr};
   static constexpr const char* kOptions[] = {"beta1", "beta2", "weight_decay"};
   enum : int { kBeta1, kBeta2, kWeightDecay };
   static constexpr int kBoolOptions = 0;

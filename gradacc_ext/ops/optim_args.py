@@ -1,7 +1,8 @@
 """The argument records of the fused optimizer steps: each op described once in Python.
 
 One dataclass per op: the fields every step takes (OptimStep) and the op's own, its state lists
-(``STATE``: name, optional) and its scalar options (``OPTIONS``), from which its schema order follows,
+(``STATE``: name, optional; each with its int8 scales list ``<state>_scales``, ``SIGNED``: which code book)
+and its scalar options (``OPTIONS``), from which its schema order follows,
 as csrc/kernels/optim_traits.cuh generates the schema from the same names (tests/ops/test_ops_optim.py
 holds them equal), so ``record.args()`` is the positional call of torch.ops.gradacc.<op> and
 ``Record.from_args(*args)`` reads one back. The checks (_checks_optim.check_step), the reference
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -23,6 +24,13 @@ from ._checks import num
 
 Tensors = list[torch.Tensor]
 MODES = {"nearest": 0, "master": 1, "stochastic": 2}
+# The state storages (csrc/kernels/optim_params.h's StateStorage), by the state tensors' dtype.
+STORAGES = {torch.float32: "fp32", torch.float64: "fp32", torch.bfloat16: "bf16", torch.uint8: "int8"}
+
+
+def scales_name(state: str) -> str:
+    """The int8 scales list of a state list (csrc/optim_args.h's ScalesNames)."""
+    return f"{state}_scales"
 
 
 def invalid(ok: bool, op: str | None, what: str, value: float) -> None:
@@ -43,12 +51,15 @@ def check_betas(betas: Sequence[float], op: str | None = None) -> None:
 class OptimStep:
     """The arguments every optimizer op takes, and what each op's record answers.
 
-    Schema order: params, grads, the state lists, master_params, steps, lr, lr_tensor, grad_mult,
-    found_inf, the options (weight_decay among them), maximize, param_mode, seed.
+    Schema order: params, grads, the state lists, their scales lists, master_params, steps, lr, lr_tensor,
+    grad_mult, found_inf, the options (weight_decay among them), maximize, param_mode, seed. A scales list
+    (``<state>_scales``, float32 block absmaxes) is given exactly when the states are int8 (uint8 codes).
     """
 
     NAME: ClassVar[str]  # the op's name in torch.ops.gradacc
     STATE: ClassVar[tuple[tuple[str, bool], ...]]  # (state list, optional), in the kernel's slot order
+    SIGNED: ClassVar[tuple[bool, ...]]  # per slot: the int8 code book, signed (momenta) or unsigned
+    NO_INT8: ClassVar[tuple[str | None, ...]]  # per slot: why it may not be int8 (the option it serves), or None
     OPTIONS: ClassVar[tuple[str, ...]]  # the optimizer's scalar options, in schema order
 
     params: Tensors
@@ -67,7 +78,8 @@ class OptimStep:
     @classmethod
     def schema_order(cls) -> tuple[str, ...]:
         """The op's argument names in its schema's order."""
-        head = ("params", "grads", *(name for name, _ in cls.STATE), "master_params", "steps")
+        state = tuple(name for name, _ in cls.STATE)
+        head = ("params", "grads", *state, *map(scales_name, state), "master_params", "steps")
         return (*head, "lr", "lr_tensor", "grad_mult", "found_inf", *cls.OPTIONS, "maximize", "param_mode", "seed")
 
     @classmethod
@@ -86,6 +98,19 @@ class OptimStep:
 
     def state(self) -> list[Tensors]:
         return [getattr(self, name) for name, _ in self.STATE]
+
+    def scales(self) -> list[Tensors]:
+        """The scales lists, in slot order (empty unless int8)."""
+        return [getattr(self, scales_name(name)) for name, _ in self.STATE]
+
+    def storage(self) -> str:
+        """"fp32", "bf16" or "int8": the storage of the first given state tensor (the checks hold every other
+        to it); "fp32" where no state is given."""
+        for tensors in self.state():
+            for t in tensors:
+                if t is not None and t.dtype in STORAGES:
+                    return STORAGES[t.dtype]
+        return "fp32"
 
     def options(self) -> list[float]:
         return [float(getattr(self, name)) for name in self.OPTIONS]
@@ -106,11 +131,16 @@ class AdamWStep(OptimStep):
 
     NAME = "adamw_step_"
     STATE = (("exp_avgs", False), ("exp_avg_sqs", False), ("max_exp_avg_sqs", True))
+    SIGNED = (True, False, False)
+    NO_INT8 = (None, None, "amsgrad")
     OPTIONS = ("beta1", "beta2", "eps", "weight_decay")
 
     exp_avgs: Tensors
     exp_avg_sqs: Tensors
     max_exp_avg_sqs: Tensors
+    exp_avgs_scales: Tensors = field(default_factory=list)
+    exp_avg_sqs_scales: Tensors = field(default_factory=list)
+    max_exp_avg_sqs_scales: Tensors = field(default_factory=list)
     beta1: float
     beta2: float
     eps: float
@@ -126,9 +156,12 @@ class SGDStep(OptimStep):
 
     NAME = "sgd_step_"
     STATE = (("momentum_buffers", True),)
+    SIGNED = (True,)
+    NO_INT8 = (None,)
     OPTIONS = ("momentum", "dampening", "weight_decay", "nesterov")
 
     momentum_buffers: Tensors
+    momentum_buffers_scales: Tensors = field(default_factory=list)
     momentum: float
     dampening: float
     nesterov: bool
@@ -155,9 +188,12 @@ class LionStep(OptimStep):
 
     NAME = "lion_step_"
     STATE = (("exp_avgs", False),)
+    SIGNED = (True,)
+    NO_INT8 = (None,)
     OPTIONS = ("beta1", "beta2", "weight_decay")
 
     exp_avgs: Tensors
+    exp_avgs_scales: Tensors = field(default_factory=list)
     beta1: float
     beta2: float
 
