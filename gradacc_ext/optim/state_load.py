@@ -54,7 +54,7 @@ def adopt_state(
             state[key] = saved[key].to(device=param.device, dtype=stored_dtype(param, storage), copy=True)
             if storage == "int8":
                 state[key + SCALES] = saved[key + SCALES].to(device=param.device, dtype=torch.float32, copy=True)
-                state[key + MAP] = saved[key + MAP]
+                state[key + MAP] = saved[key + MAP]  # torch's loader iterates a str into a generator's repr
     if isinstance(saved.get("master_param"), torch.Tensor):
         state["master_param"] = saved["master_param"].to(device=param.device, dtype=torch.float32, copy=True)
     if "step" in saved:

@@ -109,7 +109,7 @@ def expected_state_error(
         return f"{key} has shape {list(value.shape)}, its param {list(param.shape)}"
     if storage == "int8":
         return _int8_error(param, key, signed, value, saved)
-    if value.dtype == torch.uint8 or saved.get(key + SCALES) is not None:
+    if value.dtype == torch.uint8 or any(saved.get(key + suffix) is not None for suffix in (SCALES, MAP)):
         return f"{key} holds int8 codes, but this param's state storage is {storage!r}; {CONVERT_HINT}"
     if storage == "bf16" and value.dtype != torch.bfloat16:
         return f"{key} is {value.dtype}, but this param's state storage is 'bf16'; {CONVERT_HINT}"

@@ -17,6 +17,7 @@ import gradacc_ext
 from gradacc_ext.cli import envinfo, main, probe
 from gradacc_ext.cli.main import SIGPIPE_EXIT
 from gradacc_ext.ops.coverage import arch_coverage
+from gradacc_ext.optim import STATE_DTYPES
 
 
 def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
@@ -73,6 +74,15 @@ def test_info_json_matches_build_info():
     assert set(info["backends"]["cpu"]) == set(envinfo.OPS)
     assert info["backends"]["cpu"]["global_norm"]["backend"] == gradacc_ext.resolve_backend("cpu")[0]
     assert (info["gpus"] is None) == (not torch.cuda.is_available())
+
+
+def test_info_lists_the_optimizer_state_storages_each_device_takes(capsys):
+    info = envinfo.collect()
+    assert envinfo.state_storages("torch") == list(STATE_DTYPES)  # the reference takes every storage
+    # this build's C++ kernels take them all too (a stale build without the scales lists would say only fp32)
+    assert info["state_storages"]["cpu"] == list(STATE_DTYPES)
+    code, out, _ = run_cli(capsys, "info")
+    assert code == 0 and "states:     cpu optimizer state_dtype: fp32, bf16, int8" in out
 
 
 @pytest.mark.parametrize(

@@ -108,12 +108,11 @@ def test_accumulator_stats_name_each_groups_storage(gen):
         {"params": [model[0].bias, model[2].bias], "state_dtype": "bf16"},
     ]
     opt = FusedAdamW(groups, state_dtype="int8")
-    acc = GradientAccumulator(model, opt, GradientAccumulationConfig(accumulation_steps=2))
-    assert acc.get_accumulation_stats()["optimizer_state_storage"] == [{"int8": 1, "fp32": 1}, {"bf16": 2}]
-    plain = GradientAccumulator(
-        model, torch.optim.AdamW(model.parameters()), GradientAccumulationConfig(accumulation_steps=1)
-    )
-    assert plain.get_accumulation_stats()["optimizer_state_storage"] is None
+    with GradientAccumulator(model, opt, GradientAccumulationConfig(accumulation_steps=2)) as acc:
+        assert acc.get_accumulation_stats()["optimizer_state_storage"] == [{"int8": 1, "fp32": 1}, {"bf16": 2}]
+    plain = torch.optim.AdamW(model.parameters())
+    with GradientAccumulator(model, plain, GradientAccumulationConfig(accumulation_steps=1)) as acc:
+        assert acc.get_accumulation_stats()["optimizer_state_storage"] is None
 
 
 def test_a_state_left_in_another_storage_is_refused_before_anything_is_written(gen):
