@@ -47,7 +47,7 @@ def add_fallback_companions(optimizer: FusedOptimizer, state_dict: dict[str, Any
         saved = state_dict["state"].get(pid)
         if saved is None or int8_fallback(param, group) is None:
             continue
-        from torch.distributed.tensor import zeros
+        from torch.distributed.tensor import zeros  # a fallback is a DTensor: torch.distributed is there
 
         extra = {}
         for key in optimizer._state_keys:
@@ -84,14 +84,15 @@ def adapt_to_layout(optimizer: FusedOptimizer, state_dict: dict[str, Any]) -> di
                 )
             if not fallback_here or saved_map is None:
                 continue
+            scales, _ = saved.pop(key + SCALES, None), saved.pop(key + MAP)
             if saved_map in NAMES:
                 signed = optimizer._record.SIGNED[slot]
-                if saved_map != map_name(signed):
+                if saved_map != map_name(signed) or not isinstance(scales, torch.Tensor):
                     raise ValueError(
-                        f"{name}.load_state_dict: {key}{MAP} is {saved_map!r}, expected {map_name(signed)!r}"
+                        f"{name}.load_state_dict: param {pid}: {key}{MAP} is {saved_map!r} (expected "
+                        f"{map_name(signed)!r}) and {key}{SCALES} is {type(scales).__name__} (expected a tensor)"
                     )
-                saved[key] = dequantize_shard(param, saved[key], saved[key + SCALES], signed)
-            del saved[key + SCALES], saved[key + MAP]
+                saved[key] = dequantize_shard(param, saved[key], scales, signed)
         states[pid] = saved
     return {**state_dict, "state": states}
 
