@@ -39,6 +39,15 @@ pytestmark = [pytest.mark.distributed, needs_gloo]
 STEPS = 4
 
 
+@pytest.fixture
+def one_thread():
+    """This process computes with one thread, as the ranks do (_dist.launch): its runs and theirs compare bitwise."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def check_int8_equals_one_process(mesh, aligned: tuple[str, ...]) -> None:
     data = batches(STEPS, seed=11)
     for name in OPTIMIZERS:
@@ -133,7 +142,7 @@ def fsdp_worker(rank: int, world: int, ckpt: str) -> None:
     dcp_save(model, opt, ckpt + "-aligned")
 
 
-def test_int8_states_on_two_fsdp2_ranks_equal_one_process_and_resume(tmp_path):
+def test_int8_states_on_two_fsdp2_ranks_equal_one_process_and_resume(tmp_path, one_thread):
     launch(fsdp_worker, 2, str(tmp_path / "ckpt"), timeout=240)
     # saved on 2 ranks, loaded by one process (no process group): aligned both ways, so exact
     data = batches(STEPS, seed=17, out=1024)
@@ -186,7 +195,7 @@ def reshard_worker(rank: int, world: int, ckpt: str) -> None:
     assert_same_run(model, opt, plain, ref_opt)
 
 
-def test_one_process_int8_checkpoint_loads_on_two_ranks_dequantizing_where_unaligned(tmp_path):
+def test_one_process_int8_checkpoint_loads_on_two_ranks_dequantizing_where_unaligned(tmp_path, one_thread):
     model = mixed_model()
     opt = make_opt("adamw", model.parameters())
     train(model, opt, batches(2, seed=19))
