@@ -203,10 +203,12 @@ def test_one_process_int8_checkpoint_loads_on_two_ranks_dequantizing_where_unali
     launch(reshard_worker, 2, str(tmp_path / "plain"), timeout=240)
 
 
-def hsdp_worker(rank: int, world: int) -> None:
+def hsdp_worker(rank: int, world: int, ckpt: str) -> None:
+    """Shard(0) over the 2 shard ranks, Replicate over the 2 replicas: the scales the same way."""
     mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
     check_int8_equals_one_process(mesh, ALIGNED_ON_2)
+    check_resume(mesh, ckpt)
 
 
-def test_int8_states_on_hsdp_two_by_two_equal_one_process():
-    launch(hsdp_worker, 4, timeout=240)
+def test_int8_states_on_hsdp_two_by_two_equal_one_process_and_resume(tmp_path):
+    launch(hsdp_worker, 4, str(tmp_path / "ckpt"), timeout=240)
