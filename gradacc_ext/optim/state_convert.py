@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..ops.quant_maps import BLOCK, NAMES, code_values, map_name, midpoints
+from ..ops import reference_lowbit
+from ..ops.quant_maps import NAMES, map_name
 from .state_storage import MAP, SCALES, storage_of, stored_dtype
 
 if TYPE_CHECKING:
@@ -35,26 +36,16 @@ GROUP_KEYS = ("state_dtype", "int8_min_numel", "seed")  # the fused optimizers' 
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, map_name: str) -> torch.Tensor:
-    """float32 values of int8 `codes` (any shape) with one `scales` entry per BLOCK elements, on map `map_name`."""
+    """float32 values of int8 `codes` (any shape) with one `scales` entry per 256 elements, on map `map_name`."""
     if map_name not in NAMES:
         raise ValueError(f"dequantize: map_name must be one of {NAMES}, got {map_name!r}")
-    values = code_values(map_name == NAMES[0]).to(codes.device)[codes.reshape(-1).long()]
-    block_scales = scales.to(torch.float32).repeat_interleave(BLOCK)[: codes.numel()]
-    return (values * block_scales).reshape(codes.shape)
+    return reference_lowbit.decode(codes, scales, map_name == NAMES[0], torch.float32)
 
 
 def quantize(values: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(uint8 codes of `values`' shape, float32 scales: one absmax per BLOCK elements), the op's rule: a block's
+    """(uint8 codes of `values`' shape, float32 scales: one absmax per 256 elements), the op's rule: a block's
     values divided by its absmax, each coded as the number of map midpoints strictly below it (NaN -> 0)."""
-    flat = values.detach().reshape(-1).to(torch.float32)
-    blocks = -(-flat.numel() // BLOCK)
-    padded = torch.zeros(blocks * BLOCK, dtype=torch.float32, device=flat.device)
-    padded[: flat.numel()] = flat
-    scales = padded.reshape(blocks, BLOCK).abs().amax(dim=1)  # NaN-propagating, as the op's absmax
-    y = torch.where(scales[:, None] == 0, 0.0, padded.reshape(blocks, BLOCK) / scales[:, None]).reshape(-1)
-    codes = torch.searchsorted(midpoints(signed).to(flat.device), y, side="left")
-    codes = torch.where(torch.isnan(y), 0, codes)
-    return codes[: flat.numel()].to(torch.uint8).reshape(values.shape), scales
+    return reference_lowbit.encode(values.detach().to(torch.float32), signed)
 
 
 def to_torch_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
