@@ -110,6 +110,19 @@ def check_fallbacks_reported_and_accumulated(mesh) -> None:
     assert "int8 fallbacks" not in repr(ref_opt)  # one process: nothing falls back
 
 
+def check_bf16_params_in_master_mode(mesh) -> None:
+    """bf16 params, float32 masters (DTensors too) and int8 states: one process's bit for bit."""
+    data = [(x.bfloat16(), y.bfloat16()) for x, y in batches(STEPS, seed=31)]
+    model = sharded(mixed_model().bfloat16(), mesh)
+    opt = make_opt("adamw", model.parameters(), param_mode="master")
+    train(model, opt, data)
+    ref = mixed_model().bfloat16()
+    ref_opt = make_opt("adamw", split_groups(ref, ALIGNED_ON_2), param_mode="master")
+    train(ref, ref_opt, data)
+    assert_same_run(model, opt, ref, ref_opt)
+    assert all(isinstance(opt.state[p]["master_param"], DTensor) for p in model.parameters())
+
+
 def check_resume(mesh, ckpt: str) -> None:
     """DCP save after 2 steps, load into fresh objects, 2 more steps: the uninterrupted run, bit for bit."""
     data = batches(STEPS, seed=13)
@@ -133,6 +146,7 @@ def fsdp_worker(rank: int, world: int, ckpt: str) -> None:
     assert aligned == set(ALIGNED_ON_2)
     check_int8_equals_one_process(mesh, ALIGNED_ON_2)
     check_bf16_near_one_process(mesh)
+    check_bf16_params_in_master_mode(mesh)
     check_fallbacks_reported_and_accumulated(mesh)
     check_resume(mesh, ckpt)
     # for the world-size-1 load: every param aligned, saved after 2 steps
