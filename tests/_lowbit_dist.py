@@ -16,17 +16,18 @@ from torch.distributed.tensor import DTensor
 from gradacc_ext import GradientAccumulationConfig, GradientAccumulator
 from gradacc_ext.optim import FusedAdamW, FusedLion, FusedSGD
 
-IN, OUT, ROWS = 384, 100, 8
+IN, OUT, ROWS = 384, 1, 8
 # On 2 ranks (torch.chunk along dim 0): 0.weight [3, 384] holds rows 2 | 1 = blocks 3 | 2 (a partial last block),
-# 2.weight [512, 3] and 2.bias [512] 768 | 768 and 256 | 256 elements: aligned. 4.weight [3, 512] holds whole
-# blocks 4 | 2 but a DTensor of its 6 scales splits 3 | 3; 6.weight [100, 3] splits at element 150, the small
-# biases inside their one block: these keep fp32 states.
-ALIGNED_ON_2 = ("0.weight", "2.weight", "2.bias")
+# 2.weight [512, 3] and 2.bias [512] whole blocks on each rank, 8.weight [1, 256] and 8.bias [1] all on rank 0
+# (rank 1's shards empty): aligned. 4.weight [3, 512] holds whole blocks 4 | 2, but a DTensor of its 6 scales
+# splits 3 | 3; 6.weight [256, 3] and 6.bias [256] split at elements 384 and 128, the small biases inside their
+# one block: these keep fp32 states.
+ALIGNED_ON_2 = ("0.weight", "2.weight", "2.bias", "8.weight", "8.bias")
 
 
 def mixed_model(seed: int = 3) -> torch.nn.Sequential:
     torch.manual_seed(seed)
-    sizes = [(IN, 3), (3, 512), (512, 3), (3, OUT)]
+    sizes = [(IN, 3), (3, 512), (512, 3), (3, 256), (256, OUT)]
     layers: list[torch.nn.Module] = []
     for fan_in, fan_out in sizes:
         layers += [torch.nn.Linear(fan_in, fan_out), torch.nn.Tanh()]
