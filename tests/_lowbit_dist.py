@@ -11,7 +11,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from gradacc_ext import GradientAccumulationConfig, GradientAccumulator
 from gradacc_ext.optim import FusedAdamW, FusedLion, FusedSGD
@@ -40,9 +40,13 @@ def aligned_model(seed: int = 3) -> torch.nn.Sequential:
     return torch.nn.Sequential(torch.nn.Linear(IN, 8, bias=False), torch.nn.Tanh(), torch.nn.Linear(8, 1024))
 
 
-def sharded(model: torch.nn.Module, mesh) -> torch.nn.Module:
-    for module in (*(m for m in model if isinstance(m, torch.nn.Linear)), model):
-        fully_shard(module, mesh=mesh)
+def sharded(model: torch.nn.Module, mesh, dim1: tuple[int, ...] = ()) -> torch.nn.Module:
+    """fully_shard every Linear, then the model; the weights of the layers at `dim1` shard along dim 1."""
+    for index, module in enumerate(model):
+        if isinstance(module, torch.nn.Linear):
+            along = (lambda p: Shard(1) if p.ndim == 2 else None) if index in dim1 else None
+            fully_shard(module, mesh=mesh, shard_placement_fn=along)
+    fully_shard(model, mesh=mesh)
     return model
 
 

@@ -193,14 +193,16 @@ def dequantized_reference(model, opt, aligned: tuple[str, ...]) -> torch.optim.O
 
 
 def reshard_worker(rank: int, world: int, ckpt: str) -> None:
-    """A one-process checkpoint (every param int8) loaded on 2 ranks, then 2 more steps."""
+    """A one-process checkpoint (every param int8) loaded on 2 ranks, then 2 more steps. 4.weight shards along
+    dim 1 here: its shards are not element ranges, dequantized all the same."""
     mesh = init_device_mesh("cpu", (world,))
     data = batches(STEPS, seed=19)
     plain = mixed_model()
     plain_opt = make_opt("adamw", plain.parameters())
     train(plain, plain_opt, data[:2])  # what the checkpoint holds
     ref_opt = dequantized_reference(plain, plain_opt, ALIGNED_ON_2)
-    model = sharded(mixed_model(seed=5), mesh)
+    model = sharded(mixed_model(seed=5), mesh, dim1=(4,))
+    assert model[4].weight.placements == (Shard(1),) and "placement S(1)" in int8_fallback_reason(model[4].weight)
     opt = make_opt("adamw", model.parameters())
     dcp_load(model, opt, ckpt)
     assert_same_run(model, opt, plain, ref_opt)
