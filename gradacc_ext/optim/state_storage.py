@@ -59,7 +59,7 @@ def storage_of(param: torch.Tensor, group: dict[str, Any]) -> str:
     wanted = group["state_dtype"]
     if param.dtype == torch.float64 or (wanted == "int8" and param.numel() < group["int8_min_numel"]):
         return "fp32"
-    if wanted == "int8" and int8_fallback(param, group) is not None:
+    if int8_fallback(param, group) is not None:
         return "fp32"
     return wanted
 
