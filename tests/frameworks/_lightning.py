@@ -19,15 +19,21 @@ def warmup(step: int) -> float:
 class Regressor(pl.LightningModule):
     """An MLP whose optimizer is torch's AdamW or FusedAdamW; `our_clip` replaces Lightning's
     clipping with gradacc_ext.utils.clip_grad_norm_ through Lightning's own clipping hook. `loss_factor`
-    multiplies the loss (a small one puts unscaled fp16 gradients among the subnormals)."""
+    multiplies the loss (a small one puts unscaled fp16 gradients among the subnormals); `state_dtype` is
+    FusedAdamW's (every tensor quantized with "int8")."""
 
     def __init__(
-        self, fused: bool, our_clip: bool = False, max_grad_norm: float | None = None, loss_factor: float = 1.0
+        self,
+        fused: bool,
+        our_clip: bool = False,
+        max_grad_norm: float | None = None,
+        loss_factor: float = 1.0,
+        state_dtype: str = "fp32",
     ) -> None:
         super().__init__()
         self.net = tiny_mlp()
         self.fused, self.our_clip, self.max_grad_norm = fused, our_clip, max_grad_norm
-        self.loss_factor = loss_factor
+        self.loss_factor, self.state_dtype = loss_factor, state_dtype
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -36,7 +42,10 @@ class Regressor(pl.LightningModule):
     def configure_optimizers(self):
         kwargs = {"lr": 3e-2, "weight_decay": 0.1}
         if self.fused:
-            opt = FusedAdamW(self.parameters(), **kwargs, max_grad_norm=self.max_grad_norm)
+            opt = FusedAdamW(
+                self.parameters(), **kwargs, max_grad_norm=self.max_grad_norm, state_dtype=self.state_dtype,
+                int8_min_numel=0,
+            )  # fmt: skip
         else:
             opt = torch.optim.AdamW(self.parameters(), **kwargs)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
@@ -52,8 +61,8 @@ class Regressor(pl.LightningModule):
 class AccumulatorRegressor(Regressor):
     """Manual optimisation: the window runs in GradientAccumulator (GradientAccumulatorCallback)."""
 
-    def __init__(self, fused: bool, loss_factor: float = 1.0) -> None:
-        super().__init__(fused, loss_factor=loss_factor)
+    def __init__(self, fused: bool, loss_factor: float = 1.0, state_dtype: str = "fp32") -> None:
+        super().__init__(fused, loss_factor=loss_factor, state_dtype=state_dtype)
         self.automatic_optimization = False
 
     def training_step(self, batch, batch_idx):

@@ -96,15 +96,17 @@ def test_lightning_gradient_accumulator_callback_max_steps_counts_windows() -> N
     assert t.global_step == 2 and callback.accumulator.optimizer_steps == 2 and seen == list(range(2 * ACCUM))
 
 
-def test_lightning_gradient_accumulator_callback_checkpoint_resume(tmp_path) -> None:
+@pytest.mark.parametrize("state_dtype", ["fp32", "int8"])
+def test_lightning_gradient_accumulator_callback_checkpoint_resume(tmp_path, state_dtype) -> None:
     """Two epochs at once equal one epoch, Lightning's checkpoint, and a resumed second epoch: the
-    checkpoint holds FusedAdamW's state, the scheduler's and the accumulator's (the callback's)."""
+    checkpoint holds FusedAdamW's state (int8: codes, scales and map names), the scheduler's and the
+    accumulator's (the callback's)."""
     from gradacc_ext import GradientAccumulationConfig
     from gradacc_ext.integrations.lightning import GradientAccumulatorCallback
 
     def run(max_epochs: int, ckpt_path=None) -> tuple[AccumulatorRegressor, pl.Trainer]:
         config = GradientAccumulationConfig(accumulation_steps=ACCUM, max_grad_norm=CLIP)
-        module = AccumulatorRegressor(fused=True)
+        module = AccumulatorRegressor(fused=True, state_dtype=state_dtype)
         t = trainer("32", max_epochs=max_epochs, callbacks=[GradientAccumulatorCallback(config)])
         t.fit(module, loader(), ckpt_path=ckpt_path)
         return module, t
@@ -116,4 +118,8 @@ def test_lightning_gradient_accumulator_callback_checkpoint_resume(tmp_path) -> 
     resumed, t = run(2, ckpt_path=tmp_path / "epoch1.ckpt")
     assert not torch.equal(params_of(first)["net.0.weight"], params_of(whole)["net.0.weight"])
     assert_same_params(params_of(resumed), params_of(whole), start)
+    weight = resumed.net[0].weight
+    assert resumed.accumulator.optimizer.state[weight]["exp_avg"].dtype == (
+        torch.uint8 if state_dtype == "int8" else torch.float32
+    )
     assert t.global_step == 2 * BATCHES // ACCUM and resumed.accumulator.optimizer_steps == 2 * BATCHES // ACCUM

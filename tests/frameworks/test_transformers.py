@@ -134,23 +134,26 @@ def test_transformers_num_items_in_batch_window_mean(tmp_path) -> None:
         torch.testing.assert_close(got, p.grad, rtol=1e-5, atol=1e-5 * scale, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def test_transformers_resume_round_trips_fused_adamw_state(tmp_path) -> None:
+@pytest.mark.parametrize("state_dtype", ["fp32", "int8"])
+def test_transformers_resume_round_trips_fused_adamw_state(tmp_path, state_dtype) -> None:
     """Save at step 2 of 4, resume from that checkpoint in a fresh Trainer: the parameters and our
-    optimizer's state equal the uninterrupted run's."""
+    optimizer's state equal the uninterrupted run's (int8: every tensor quantized, codes and scales)."""
+    options = {"state_dtype": state_dtype, "int8_min_numel": 0}
     model = tiny_gpt2()
     start = params_of(model)
-    opt = adamw(model, fused=True)
+    opt = adamw(model, fused=True, **options)
     make_trainer(model, tmp_path / "full", opt, max_steps=4, save_strategy="steps", save_steps=2).train()
     want, want_state = params_of(model), opt.state_dict()
 
     model = tiny_gpt2()
-    opt = adamw(model, fused=True)
+    opt = adamw(model, fused=True, **options)
     trainer = make_trainer(model, tmp_path / "full", opt, max_steps=4)
     trainer.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-2"))
     assert_same_params(params_of(model), want, start)
     got_state = opt.state_dict()
     assert got_state["state"].keys() == want_state["state"].keys()
     for pid, state in want_state["state"].items():
-        for key in ("step", "exp_avg", "exp_avg_sq"):
+        for key in ("step", "exp_avg", "exp_avg_sq", *(("exp_avg_scales",) if state_dtype == "int8" else ())):
             torch.testing.assert_close(got_state["state"][pid][key], state[key], rtol=1e-5, atol=1e-7)
+        assert state["exp_avg"].dtype == (torch.uint8 if state_dtype == "int8" else torch.float32)
     assert float(want_state["state"][0]["step"]) == 4.0
