@@ -22,7 +22,7 @@ from .selftest_kernels import KERNELS, LAYOUTS, Inputs, Kernel
 
 # rtol = atol per stored dtype: one rounding of the dtype, or the fp32 arithmetic's for fp32 and fp64 results
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2,
-             torch.uint8: 1}  # int8 optimizer state codes: within one code (compared as integers, no rtol)
+             torch.uint8: 1}  # int8 optimizer state codes: within one code (compared as integers, no rtol)  # fmt: skip
 FALLBACK_ADVICE = (
     "Until this is fixed, set GRADACC_NO_EXT=1 to run every op on the pure-PyTorch reference (same results, "
     "slower), and report the lines above with the output of `gradacc info`."
