@@ -88,18 +88,17 @@ def check_leaves(op: str, **outputs: Sequence[torch.Tensor]) -> None:
 
 
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
-# torch.Tensor's requires_grad getter, which the compiled pass calls directly for plain tensors (csrc/requires_grad.h).
-_REQUIRES_GRAD_GETTER = torch._C.TensorBase.__dict__.get("requires_grad")
+# The compiled pass (csrc/requires_grad.h), or None without the extension: it calls torch.Tensor's requires_grad
+# getter itself for plain tensors, found in torch._C.TensorBase's getset table.
+_NATIVE_PASS = getattr(getattr(_loader._C, "module", None), "any_requires_grad", None)
 
 
 def _any_requires_grad(tensors: Sequence[torch.Tensor | None]) -> bool:
     """Whether any item requires grad. The compiled extension's pass (None items skipped) costs about half of
     the Python one per tensor (callgrind); without it, or for a sequence that is not a list, the Python pass
     (AttributeError on a None item)."""
-    native = _loader._C.module if _loader._C is not None else None
-    fast = getattr(native, "any_requires_grad", None)
-    if fast is not None and type(tensors) is list and _REQUIRES_GRAD_GETTER is not None:
-        return fast(tensors, torch.Tensor, _REQUIRES_GRAD_GETTER)
+    if _NATIVE_PASS is not None and type(tensors) is list:
+        return _NATIVE_PASS(tensors, torch.Tensor, torch._C.TensorBase)
     return any(map(_REQUIRES_GRAD, tensors))
 
 

@@ -21,7 +21,7 @@ class FlagsRequireGrad(torch.Tensor):
 
 def native_pass(tensors: list) -> bool:
     require_ext("cpu")
-    return _loader._C.module.any_requires_grad(tensors, torch.Tensor, _aliasing._REQUIRES_GRAD_GETTER)
+    return _loader._C.module.any_requires_grad(tensors, torch.Tensor, torch._C.TensorBase)
 
 
 def items(gen: torch.Generator) -> dict[str, object]:
