@@ -14,7 +14,7 @@
 namespace {
 PyMethodDef g_methods[] = {
     {"any_requires_grad", gradacc::any_requires_grad, METH_VARARGS,
-     "any_requires_grad(tensors: list, tensor_type, requires_grad_descriptor) -> bool"},
+     "any_requires_grad(tensors: list, tensor_type: type, base: type) -> bool"},
     {nullptr, nullptr, 0, nullptr}};
 PyModuleDef g_module = {PyModuleDef_HEAD_INIT, "_C", "gradacc ops, registered with torch.ops.gradacc", -1, g_methods,
                         nullptr, nullptr, nullptr, nullptr};

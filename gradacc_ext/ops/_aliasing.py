@@ -74,7 +74,13 @@ def check_leaves(op: str, **outputs: Sequence[torch.Tensor]) -> None:
     """Raises when an output is an autograd leaf that requires grad while grad mode is on (both backends; the
     compiled ops cannot see requires_grad). Optimizers and clips run under no_grad: no pass at all there, and
     in grad mode one C-level pass over requires_grad, the rest only when a tensor requires grad."""
-    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+    if torch.is_grad_enabled():
+        check_leaves_in_grad_mode(op, outputs)
+
+
+def check_leaves_in_grad_mode(op: str, outputs: Mapping[str, Sequence[torch.Tensor]]) -> None:
+    """check_leaves for a caller that found grad mode on (the public ops' _call: one grad-mode read a call)."""
+    if torch.compiler.is_compiling():
         return
     for arg, tensors in outputs.items():
         try:
@@ -88,18 +94,18 @@ def check_leaves(op: str, **outputs: Sequence[torch.Tensor]) -> None:
 
 
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
-# torch.Tensor's requires_grad getter, which the compiled pass calls directly for plain tensors (csrc/requires_grad.h).
-_REQUIRES_GRAD_GETTER = torch._C.TensorBase.__dict__.get("requires_grad")
+# The compiled pass (csrc/requires_grad.h), or None without the extension: it calls torch.Tensor's requires_grad
+# getter itself for plain tensors, found in torch._C.TensorBase's getset table.
+_NATIVE_PASS = getattr(getattr(_loader._C, "module", None), "any_requires_grad", None)
+_TENSOR, _TENSOR_BASE = torch.Tensor, torch._C.TensorBase
 
 
 def _any_requires_grad(tensors: Sequence[torch.Tensor | None]) -> bool:
     """Whether any item requires grad. The compiled extension's pass (None items skipped) costs about half of
     the Python one per tensor (callgrind); without it, or for a sequence that is not a list, the Python pass
     (AttributeError on a None item)."""
-    native = _loader._C.module if _loader._C is not None else None
-    fast = getattr(native, "any_requires_grad", None)
-    if fast is not None and type(tensors) is list and _REQUIRES_GRAD_GETTER is not None:
-        return fast(tensors, torch.Tensor, _REQUIRES_GRAD_GETTER)
+    if _NATIVE_PASS is not None and type(tensors) is list:
+        return _NATIVE_PASS(tensors, _TENSOR, _TENSOR_BASE)
     return any(map(_REQUIRES_GRAD, tensors))
 
 

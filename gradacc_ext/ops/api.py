@@ -28,27 +28,32 @@ from .core_args import Accumulate, AccumulateFinal, ClipByNorm, ClipByValue, Cor
 
 Backend = Literal["auto", "ext", "torch"]
 BACKENDS = ("auto", "ext", "torch")
+_CPU = torch.device("cpu")
 
 
 def resolve_backend(device: torch.device | str, backend: str = "auto") -> tuple[str, str]:
     """Returns ("ext" | "torch", reason) for tensors on `device`."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    device = torch.device(device)
+    if not isinstance(device, torch.device):  # the public ops pass their tensors' device
+        device = torch.device(device)
     if backend == "torch":
         return "torch", "backend='torch' was requested"
+    # device.type builds a new string on each read (about 3,000 instructions): a CPU tensor's device is
+    # compared whole instead, on every call of the public ops.
+    kind = "cpu" if device == _CPU else device.type
     if not extension_loaded():
         available, reason = False, LOAD_REASON
-    elif device.type == "cpu":
+    elif kind == "cpu":
         available, reason = True, "C++ CPU kernels"
-    elif device.type == "cuda":
+    elif kind == "cuda":
         available = extension_has_cuda()
         reason = "fused CUDA kernels" if available else "the extension was built without CUDA kernels"
         if available:  # checked once per GPU: its arch and its driver's kernel-parameter limit
             coverage = gpu_coverage.device_coverage(gpu_coverage.cuda_index(device))
             available, reason = coverage.covered, (reason if coverage.covered else coverage.reason)
     else:
-        available, reason = False, f"no compiled kernels for device type {device.type!r}"
+        available, reason = False, f"no compiled kernels for device type {kind!r}"
     if backend == "ext" and not available:
         raise RuntimeError(f"backend='ext' requested for {device} tensors, but {reason}")
     return ("ext", reason) if available else ("torch", reason + "; using the pure-PyTorch reference")
@@ -123,7 +128,7 @@ def _call(a: CoreOp, backend: Backend) -> object:
     binding's order (csrc/binding.cpp, csrc/aliasing.cpp), and nothing written when one fails."""
     op = a.op
     if a.OUTPUT_LISTS and torch.is_grad_enabled():  # without grad mode no leaf is refused: no dict to build
-        _aliasing.check_leaves(op, **{arg: getattr(a, arg) for arg in a.OUTPUT_LISTS})
+        _aliasing.check_leaves_in_grad_mode(op, {arg: getattr(a, arg) for arg in a.OUTPUT_LISTS})
 
     def validate() -> None:  # the compiled path runs it only after the op refused the call
         lists, outputs, inputs = a.lists(), a.tensor_args(outputs=True), a.tensor_args(outputs=False)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 from _devices import require_ext
+from torch.overrides import TorchFunctionMode
 
+import gradacc_ext.ops as gops
 from gradacc_ext.ops import _aliasing, _loader
 
 
@@ -21,7 +23,7 @@ class FlagsRequireGrad(torch.Tensor):
 
 def native_pass(tensors: list) -> bool:
     require_ext("cpu")
-    return _loader._C.module.any_requires_grad(tensors, torch.Tensor, _aliasing._REQUIRES_GRAD_GETTER)
+    return _loader._C.module.any_requires_grad(tensors, torch.Tensor, torch._C.TensorBase)
 
 
 def items(gen: torch.Generator) -> dict[str, object]:
@@ -88,3 +90,73 @@ def test_check_leaves_names_the_first_leaf(gen, kind):
         _aliasing.check_leaves("gradacc.unscale_", tensors=tensors)  # no grad mode: nothing to refuse
     tensors[4] = items(gen)["detached"]
     _aliasing.check_leaves("gradacc.unscale_", tensors=tensors)
+
+
+class Subclass(torch.Tensor):
+    """A subclass without overrides: its items take the attribute lookup, not the getter called directly."""
+
+
+@pytest.mark.parametrize("leaf_at", [0, 1, 2])
+def test_public_op_refuses_a_leaf_among_a_subclass_and_none(gen, leaf_at):
+    """Three items in grad mode: a subclass item, a None item and a leaf that requires grad (itself a subclass
+    at 0, a Parameter at 1, a plain tensor at 2); the leaf is named before the None is, on both backends."""
+    require_ext("cpu")
+    tensors: list = [torch.randn(4, generator=gen).as_subclass(Subclass), None, torch.randn(4, generator=gen)]
+    tensors[leaf_at] = {
+        0: lambda: torch.randn(4, generator=gen).as_subclass(Subclass).requires_grad_(),
+        1: lambda: torch.nn.Parameter(torch.randn(4, generator=gen)),
+        2: lambda: torch.randn(4, generator=gen).requires_grad_(),
+    }[leaf_at]()
+    for backend in ("ext", "torch"):
+        with pytest.raises(RuntimeError, match=rf"gradacc.unscale_: tensors\[{leaf_at}\] is a leaf tensor"):
+            gops.unscale_(tensors, torch.ones(1), torch.zeros(1), backend=backend)
+
+
+class FlagsEverything(TorchFunctionMode):
+    """A mode that answers every requires_grad read with True and counts the reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func == torch.Tensor.requires_grad.__get__:
+            self.reads += 1
+            return True
+        return func(*args, **(kwargs or {}))
+
+
+def test_native_pass_goes_through_a_torch_function_mode(gen):
+    """The getter called directly still honours a TorchFunctionMode, as the attribute lookup does."""
+    tensors = [torch.randn(2, generator=gen) for _ in range(3)]
+    assert native_pass(tensors) is False
+    with FlagsEverything() as mode:
+        assert native_pass(tensors) is True and mode.reads == 1
+        assert tensors[0].requires_grad is True  # the attribute lookup agrees
+
+
+class EmptiesTheList(TorchFunctionMode):
+    """A mode whose requires_grad read empties the list being read."""
+
+    def __init__(self, tensors: list) -> None:
+        super().__init__()
+        self.tensors = tensors
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func == torch.Tensor.requires_grad.__get__:
+            self.tensors.clear()
+        return func(*args, **(kwargs or {}))
+
+
+def test_native_pass_survives_a_mode_that_changes_the_list(gen):
+    tensors: list = [torch.randn(2, generator=gen), torch.randn(2, generator=gen).requires_grad_()]
+    with EmptiesTheList(tensors):
+        assert native_pass(tensors) is False and tensors == []
+
+
+def test_native_pass_follows_a_patched_tensor_requires_grad(gen, monkeypatch):
+    """A plain tensor's getter is called directly only while torch.Tensor finds TensorBase's own descriptor:
+    patched, the attribute lookup decides."""
+    tensors = [torch.randn(2, generator=gen) for _ in range(3)]
+    monkeypatch.setattr(torch.Tensor, "requires_grad", property(lambda self: True), raising=False)
+    assert native_pass(tensors) is True
