@@ -27,7 +27,7 @@ def calls(device: str, gen: torch.Generator) -> dict:
         "global_norm": (lambda: ops.global_norm(t["a"], 2.0, True), t["a"]),
         "clip_by_value_": (lambda: ops.clip_by_value_(t["a"], 1.0), t["a"]),
         "sgd_step_": (
-            lambda: ops.sgd_step_(t["p"], t["g"], t["m"], [], steps, 0.1, None, None, zero, 0.9, 0.0, 0.0, False,
+            lambda: ops.sgd_step_(t["p"], t["g"], t["m"], [], [], steps, 0.1, None, None, zero, 0.9, 0.0, 0.0, False,
                                   False, 0, 0),
             t["p"] + t["g"] + t["m"] + steps + [zero],
         ),
