@@ -18,11 +18,16 @@ DType to_dtype(const char* op, const char* arg, int64_t i, ScalarType st, Use us
     case ScalarType::BFloat16: return DType::kBFloat16;
     case ScalarType::Double:
       if (use != Use::kPaired) return DType::kFloat64;
-      [[fallthrough]];
-    default:
-      fail(op, ": ", arg, "[", i, "] has dtype ", dtype_name(st), "; expected ",
-           use == Use::kPaired ? "float32, float16 or bfloat16" : "float32, float16, bfloat16 or float64");
+      break;
+    case ScalarType::Byte:
+      if (use == Use::kStepState) return DType::kUInt8;
+      break;
+    default: break;
   }
+  fail(op, ": ", arg, "[", i, "] has dtype ", dtype_name(st), "; expected ",
+       use == Use::kPaired      ? "float32, float16 or bfloat16"
+       : use == Use::kStepState ? "float32, float16, bfloat16, float64 or uint8"
+                                : "float32, float16, bfloat16 or float64");
 }
 
 // The accumulate final step computes its norm beside the found-inf flag,

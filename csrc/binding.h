@@ -47,8 +47,9 @@ ScaleParams clip_value_params(const char* op, const TensorList& tensors, double 
 // fp32/fp16/bf16, as the accumulate ops pair two lists element by element.
 // kSingleList (norms, clips): float64 too (computed in double), and any dense
 // non-overlapping tensor (channels_last, any permutation), visited in storage
-// order. kStep (the fused optimizer steps): contiguous, float64 too.
-enum class Use { kPaired, kSingleList, kStep };
+// order. kStep (the fused optimizer steps): contiguous, float64 too. kStepState
+// (their state lists): kStep's and uint8 (int8 state codes).
+enum class Use { kPaired, kSingleList, kStep, kStepState };
 
 // `arg`[i], a tensor the kernels read or write as one flat block of storage
 // on `device` (every tensor of every list must be there). Each fact is read

@@ -15,6 +15,7 @@
 #include "aliasing.h"
 #include "binding.h"
 #include "cpu/optim_cpu.h"
+#include "kernels/quant_maps.h"
 #include "optim_args.h"
 
 namespace gradacc::binding {
@@ -26,7 +27,8 @@ template <typename Want>
 std::vector<Span> check_companions(const char* op, const char* arg, const TensorList& list, const TensorList& params,
                                    const std::vector<Span>& param_spans,
                                    const std::vector<torch::headeronly::IntHeaderOnlyArrayRef>& param_sizes,
-                                   const Device& device, bool optional, const char* expected, Want&& want) {
+                                   const Device& device, bool optional, const char* expected, Want&& want,
+                                   Use use = Use::kStep) {
   if (optional && list.empty()) return {};
   GRADACC_CHECK(list.size() == params.size(), op, ": ", arg, " must have one tensor per param (",
                 params.size(), optional ? ") or none" : ")", ", got ", list.size());
@@ -35,7 +37,7 @@ std::vector<Span> check_companions(const char* op, const char* arg, const Tensor
   for (size_t i = 0; i < list.size(); ++i) {
     // params[i] is on `device` (checked first).
     torch::headeronly::IntHeaderOnlyArrayRef sizes;
-    spans.push_back(check_tensor(op, arg, int64_t(i), list[i], device, Use::kStep, &sizes));
+    spans.push_back(check_tensor(op, arg, int64_t(i), list[i], device, use, &sizes));
     check_same_shape(op, arg, int64_t(i), sizes, "params", param_sizes[i]);
     check_pair_dtype(want(param_spans[i].dtype, spans.back().dtype), op, arg, int64_t(i), list[i], "params",
                      params[i], expected);
@@ -43,9 +45,18 @@ std::vector<Span> check_companions(const char* op, const char* arg, const Tensor
   return spans;
 }
 
+// A state tensor's dtype: float64 for a float64 param (fp32 storage only), else float32, bfloat16 or uint8.
 bool is_state_dtype(DType param, DType state) {
-  return state == (param == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32);
+  if (param == DType::kFloat64) return state == DType::kFloat64;
+  return state == DType::kFloat32 || state == DType::kBFloat16 || state == DType::kUInt8;
 }
+
+StateStorage storage_of(DType state) {
+  if (state == DType::kBFloat16) return StateStorage::kBFloat16;
+  return state == DType::kUInt8 ? StateStorage::kInt8 : StateStorage::kFloat;
+}
+
+int64_t num_blocks(int64_t numel) { return (numel + kQuantBlock - 1) / kQuantBlock; }
 
 // The traits' option rules, thrown with the op's name (torch.optim's wording).
 struct Rules {
@@ -89,6 +100,57 @@ struct StepArgs {
     }
   }
 };
+
+// The call's one storage, that of the first given state tensor (slot order): every other must share it.
+template <typename T>
+StateStorage checked_storage(const char* op, const StepArgs<T>& a, const std::vector<Span>* state) {
+  int first = -1;
+  for (int s = 0; s < T::kSlots && first < 0; ++s) first = state[s].empty() ? -1 : s;
+  if (first < 0) return StateStorage::kFloat;
+  const StateStorage storage = storage_of(state[first][0].dtype);
+  for (int s = first; s < T::kSlots; ++s) {
+    for (size_t i = 0; i < state[s].size(); ++i) {
+      GRADACC_CHECK(storage_of(state[s][i].dtype) == storage, op, ": ", T::kState[s], "[", i, "] has dtype ",
+                    dtype_name(dtype_of(a.state[s][i])), " but ", T::kState[first], "[0] has dtype ",
+                    dtype_name(dtype_of(a.state[first][0])), "; all state lists must share one storage");
+    }
+  }
+  return storage;
+}
+
+// The int8 rules: the slots T refuses as int8, then the scales lists, given exactly for int8 state lists:
+// one contiguous 1-D float32 tensor per param of one absmax per kQuantBlock elements.
+template <typename T>
+void check_scales(const char* op, const StepArgs<T>& a, OptimParams& p, const Device& device) {
+  const bool int8 = p.storage == StateStorage::kInt8;
+  for (int s = 0; s < T::kSlots; ++s) {
+    const char* why = T::kNoInt8[s];
+    GRADACC_CHECK(!int8 || p.state[s].empty() || why == nullptr, op, ": ", T::kState[s],
+                  " is uint8 (int8 states), which ", why, " does not support; use bf16 or fp32 states for ", why);
+  }
+  for (int s = 0; s < T::kSlots; ++s) {
+    const char* name = ScalesNames<T>::kNames[s].data();
+    const TensorList& list = a.scales[s];
+    if (!int8 || p.state[s].empty()) {
+      GRADACC_CHECK(list.empty(), op, ": ", name, " must be empty unless ", T::kState[s],
+                    " is int8 (uint8 codes), got ", list.size(), " tensors");
+      continue;
+    }
+    GRADACC_CHECK(list.size() == p.params.size(), op, ": ", name, " must have one tensor per param (",
+                  p.params.size(), ") as ", T::kState[s], " is int8 (uint8 codes), got ", list.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      torch::headeronly::IntHeaderOnlyArrayRef shape;
+      const Span span = check_tensor(op, name, int64_t(i), list[i], device, Use::kStep, &shape);
+      GRADACC_CHECK(span.dtype == DType::kFloat32, op, ": ", name, "[", i, "] has dtype ",
+                    dtype_name(dtype_of(list[i])), "; expected float32");
+      const int64_t blocks = num_blocks(p.params[i].numel);
+      GRADACC_CHECK(shape.size() == 1 && shape[0] == blocks, op, ": ", name, "[", i, "] has shape ", shape_str(shape),
+                    "; expected [", blocks, "] (one float32 absmax per ", kQuantBlock, " elements of params[", i,
+                    "])");
+      p.scales[s].push_back(span);
+    }
+  }
+}
 
 // Every check of one step of T, in the order of _checks_optim.check_step; the
 // pointers of the returned params stay valid while `a` lives.
@@ -139,10 +201,15 @@ OptimParams checked_params(const char* op, const StepArgs<T>& a) {
   bool has[kMaxStateSlots] = {};
   for (int s = 0; s < T::kSlots; ++s) {
     p.state[s] = check_companions(op, T::kState[s], a.state[s], params, p.params, sizes, device, T::kStateOptional[s],
-                                  "float32 (float64 for a float64 param)", is_state_dtype);
+                                  "float32, bfloat16 or uint8 (float64 for a float64 param)", is_state_dtype,
+                                  Use::kStepState);
     has[s] = !p.state[s].empty();
   }
+  p.storage = checked_storage<T>(op, a, p.state);
+  GRADACC_CHECK(p.storage != StateStorage::kBFloat16 || !p.steps.empty() || params.empty(), op,
+                ": steps must be given for bfloat16 states (their stochastic rounding draws a fresh stream per step)");
   T::check_state(o, has, params.size(), rules);
+  check_scales<T>(op, a, p, device);
   // Outputs in the order of _checks_optim's record (params, state, master_params, steps), then the inputs:
   // no input may be an output here, not even its own pair (the reference applies weight decay to params[i]
   // before it reads grads[i], the kernels read it first: they would differ).
@@ -150,6 +217,7 @@ OptimParams checked_params(const char* op, const StepArgs<T>& a) {
   for (float* step : p.steps) step_spans.push_back(Span{step, 1, DType::kFloat32});
   std::vector<MemoryArg> outputs{{"params", &p.params}};
   for (int s = 0; s < T::kSlots; ++s) outputs.push_back({T::kState[s], &p.state[s]});
+  for (int s = 0; s < T::kSlots; ++s) outputs.push_back({ScalesNames<T>::kNames[s].data(), &p.scales[s]});
   outputs.push_back({"master_params", &p.masters});
   outputs.push_back({"steps", &step_spans});
   const std::vector<Span> lr = scalar_span(p.lr_ptr), mult = scalar_span(p.grad_mult_ptr),

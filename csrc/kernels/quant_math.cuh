@@ -27,11 +27,9 @@ inline const float* quant_midpoints(bool is_signed) { return is_signed ? kSigned
 // The value of `code` in a block whose absmax is `absmax` (0 while the block is fresh).
 GRADACC_HD float quant_decode(uint8_t code, float absmax, const float* codes) { return mul_rn(codes[code], absmax); }
 
-// The running absmax of a block with one more value: NaN-propagating (a NaN anywhere gives NaN).
-GRADACC_HD float absmax_nan(float acc, float x) {
-  const float a = abs_f(x);
-  return (acc == acc && !(a <= acc)) ? a : acc;  // !(a <= acc): a is larger, or NaN
-}
+// The running absmax (from 0) of a block with one more value: NaN-propagating (a NaN anywhere gives a NaN),
+// by element_math.cuh's bit-pattern maximum, which vectorises.
+GRADACC_HD float absmax_nan(float acc, float x) { return max_abs_nan(acc, abs_f(x)); }
 
 // A new value relative to its block's new absmax (0 for an all-zero block).
 GRADACC_HD float quant_relative(float x, float absmax) { return absmax == 0.0f ? 0.0f : div_rn(x, absmax); }

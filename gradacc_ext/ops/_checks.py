@@ -64,20 +64,26 @@ class Use(enum.Enum):
     """Which tensors a list accepts, csrc/binding.h's Use. PAIRED (accumulate, unscale_): contiguous
     fp32/fp16/bf16, as the accumulate ops pair two lists element by element. SINGLE_LIST (norms, clips):
     float64 too (computed in double), and any dense non-overlapping tensor (channels_last, any
-    permutation), visited in storage order. STEP (the fused optimizer steps): contiguous, float64 too."""
+    permutation), visited in storage order. STEP (the fused optimizer steps): contiguous, float64 too.
+    STEP_STATE (their state lists): STEP's and uint8 (int8 state codes)."""
 
     PAIRED = "paired"
     SINGLE_LIST = "single_list"
     STEP = "step"
+    STEP_STATE = "step_state"
+
+
+_DTYPES = {  # what each Use accepts, and how its message says it
+    Use.PAIRED: (SUPPORTED, "float32, float16 or bfloat16"),
+    Use.SINGLE_LIST: (SINGLE_LIST, "float32, float16, bfloat16 or float64"),
+    Use.STEP: (SINGLE_LIST, "float32, float16, bfloat16 or float64"),
+    Use.STEP_STATE: ((*SINGLE_LIST, torch.uint8), "float32, float16, bfloat16, float64 or uint8"),
+}
 
 
 def check_tensor(op: str, arg: str, i: int, t: torch.Tensor | None, device: torch.device, use: Use) -> None:
     """One tensor of a list argument, `arg`[i], that the kernels read or write as one flat block on `device`."""
-    dtypes, names = (
-        (SUPPORTED, "float32, float16 or bfloat16")
-        if use is Use.PAIRED
-        else (SINGLE_LIST, "float32, float16, bfloat16 or float64")
-    )
+    dtypes, names = _DTYPES[use]
     if t is None:
         raise ValueError(f"{op}: {arg}[{i}] is undefined (None)")
     if t.layout != torch.strided:

@@ -17,9 +17,10 @@ import torch
 
 from ._checks import Use, check_list, check_pair_dtype, check_same_shape, check_scalar, check_tensor, list_device
 from .constants import HALF_DTYPES, state_dtype
-from .optim_args import MODES, OptimStep, invalid
+from .optim_args import MODES, STORAGES, OptimStep, invalid, scales_name
+from .quant_maps import BLOCK
 
-STATE_EXPECTED = "float32 (float64 for a float64 param)"
+STATE_EXPECTED = "float32, bfloat16 or uint8 (float64 for a float64 param)"
 
 
 def _check_companions(
@@ -30,6 +31,7 @@ def _check_companions(
     optional: bool,
     expected: str,
     ok: Callable[[torch.dtype, torch.dtype], bool],
+    use: Use = Use.STEP,
 ) -> None:
     if optional and not tensors:
         return
@@ -37,13 +39,67 @@ def _check_companions(
         extra = " or none" if optional else ""
         raise ValueError(f"{op}: {arg} must have one tensor per param ({len(params)}){extra}, got {len(tensors)}")
     for i, (t, p) in enumerate(zip(tensors, params, strict=True)):
-        check_tensor(op, arg, i, t, p.device, Use.STEP)
+        check_tensor(op, arg, i, t, p.device, use)
         check_same_shape(op, arg, i, t, "params", p)
         check_pair_dtype(ok(p.dtype, t.dtype), op, arg, i, t, "params", p, expected)
 
 
 def _is_state(param: torch.dtype, state: torch.dtype) -> bool:
-    return state == state_dtype(param)
+    """float64 for a float64 param (fp32 storage only), else float32, bfloat16 or uint8."""
+    if param == torch.float64:
+        return state == state_dtype(param)
+    return state in (torch.float32, torch.bfloat16, torch.uint8)
+
+
+def _check_storage(a: OptimStep) -> str:
+    """The call's one storage, that of the first given state tensor (slot order): every other must share it."""
+    given = [(name, tensors) for (name, _), tensors in zip(a.STATE, a.state(), strict=True) if tensors]
+    if not given:
+        return "fp32"
+    first_name, first = given[0]
+    storage = STORAGES[first[0].dtype]
+    for name, tensors in given:
+        for i, t in enumerate(tensors):
+            if STORAGES[t.dtype] != storage:
+                raise TypeError(
+                    f"{a.op}: {name}[{i}] has dtype {t.dtype} but {first_name}[0] has dtype {first[0].dtype}; "
+                    "all state lists must share one storage"
+                )
+    return storage
+
+
+def _check_scales(a: OptimStep, storage: str) -> None:
+    """The int8 rules: the slots the op refuses as int8, then the scales lists, given exactly for int8 state
+    lists: one contiguous 1-D float32 tensor per param of one absmax per BLOCK elements."""
+    op, int8 = a.op, storage == "int8"
+    for (name, _), tensors, why in zip(a.STATE, a.state(), a.NO_INT8, strict=True):
+        if int8 and tensors and why is not None:
+            raise ValueError(
+                f"{op}: {name} is uint8 (int8 states), which {why} does not support; use bf16 or fp32 states for {why}"
+            )
+    for (name, _), tensors, scales in zip(a.STATE, a.state(), a.scales(), strict=True):
+        arg = scales_name(name)
+        if not (int8 and tensors):
+            if scales:
+                raise ValueError(
+                    f"{op}: {arg} must be empty unless {name} is int8 (uint8 codes), got {len(scales)} tensors"
+                )
+            continue
+        if len(scales) != len(a.params):
+            raise ValueError(
+                f"{op}: {arg} must have one tensor per param ({len(a.params)}) as {name} is int8 (uint8 codes), "
+                f"got {len(scales)}"
+            )
+        for i, (t, p) in enumerate(zip(scales, a.params, strict=True)):
+            check_tensor(op, arg, i, t, p.device, Use.STEP)
+            if t.dtype != torch.float32:
+                raise TypeError(f"{op}: {arg}[{i}] has dtype {t.dtype}; expected float32")
+            blocks = -(-p.numel() // BLOCK)
+            if list(t.shape) != [blocks]:
+                raise ValueError(
+                    f"{op}: {arg}[{i}] has shape {list(t.shape)}; expected [{blocks}] (one float32 absmax per "
+                    f"{BLOCK} elements of params[{i}])"
+                )
 
 
 def check_step(a: OptimStep) -> None:
@@ -87,5 +143,11 @@ def check_step(a: OptimStep) -> None:
         if getattr(a, arg) is not None:
             check_scalar(op, arg, getattr(a, arg), device)
     for arg, optional in a.STATE:
-        _check_companions(op, arg, getattr(a, arg), params, optional, STATE_EXPECTED, _is_state)
+        _check_companions(op, arg, getattr(a, arg), params, optional, STATE_EXPECTED, _is_state, Use.STEP_STATE)
+    storage = _check_storage(a)
+    if storage == "bf16" and params and not steps:
+        raise ValueError(
+            f"{op}: steps must be given for bfloat16 states (their stochastic rounding draws a fresh stream per step)"
+        )
     a.check_state()
+    _check_scales(a, storage)

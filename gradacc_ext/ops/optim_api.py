@@ -8,6 +8,11 @@ pass over memory, with three things folded in that torch spends extra passes on:
 * ``found_inf``: when nonzero, nothing is written at all (params, state, step counts);
 * grads may be fp32 accumulation buffers for 16-bit (or fp64) params.
 
+The state lists may be float32 (float64 for float64 params), bfloat16 (stored with stochastic rounding,
+reproducible from ``seed`` and the step count) or uint8 (int8: blockwise-quantized codes, each list then
+with its ``<state>_scales`` keyword: one float32 tensor per param of ``ceil(numel / 256)`` block absmaxes,
+read and written; zeros for a fresh state). One storage for all the state lists of a call.
+
 ``lr`` may be a float or a one-element float32 device tensor (schedulers keep floats).
 No function synchronises the host.
 """
@@ -22,7 +27,7 @@ from . import _aliasing, reference_optim
 from ._checks import list_device
 from ._checks_optim import check_step
 from .api import Backend, _as_list, _defined, _nothing, _run, _split_scale
-from .optim_args import MODES, AdamWStep, LionStep, OptimStep, SGDStep
+from .optim_args import MODES, AdamWStep, LionStep, OptimStep, SGDStep, scales_name
 
 Mode = str  # "nearest" | "master" | "stochastic"
 
@@ -45,14 +50,16 @@ def _common(op: str, lr: float | torch.Tensor, maximize: bool, mode: Mode, seed:
 
 
 def _step(a: OptimStep, backend: Backend) -> None:
-    outputs = {"params": a.params, **{name: getattr(a, name) for name, _ in a.STATE}}
+    state = {name: getattr(a, name) for name, _ in a.STATE}
+    scales = {scales_name(name): getattr(a, scales_name(name)) for name in state}
+    outputs = {"params": a.params, **state, **scales}
     outputs.update(master_params=a.master_params, steps=a.steps)
     _aliasing.check_leaves(a.op, **outputs)
     # No input may be an output, not even its own pair (ops/_aliasing.py).
     inputs = {"grads": a.grads, "lr_tensor": a.lr_tensor, "grad_mult": a.grad_mult, "found_inf": a.found_inf}
 
     def validate() -> None:
-        _defined(a.op, params=a.params, grads=a.grads, **{name: getattr(a, name) for name, _ in a.STATE})
+        _defined(a.op, params=a.params, grads=a.grads, **state, **scales)
         _defined(a.op, master_params=a.master_params, steps=a.steps)
         _aliasing.check_disjoint(a.op, outputs, inputs)
         check_step(a)
@@ -75,6 +82,9 @@ def adamw_step_(
     eps: float = 1e-8,
     weight_decay: float = 1e-2,
     max_exp_avg_sqs: Iterable[torch.Tensor] = (),
+    exp_avgs_scales: Iterable[torch.Tensor] = (),
+    exp_avg_sqs_scales: Iterable[torch.Tensor] = (),
+    max_exp_avg_sqs_scales: Iterable[torch.Tensor] = (),
     master_params: Iterable[torch.Tensor] = (),
     grad_mult: torch.Tensor | None = None,
     found_inf: torch.Tensor | None = None,
@@ -85,7 +95,7 @@ def adamw_step_(
 ) -> None:
     """One AdamW step (torch.optim.AdamW semantics; amsgrad when max_exp_avg_sqs is given).
 
-    State is float32 (float64 for float64 params). `steps`: one-element float32 step counts, one
+    State as the module says (the `*_scales` lists with uint8 states). `steps`: one-element float32 step counts, one
     per param or one shared, incremented here. `mode` stores 16-bit params: "nearest" rounding,
     "master" (update the float32 `master_params` and round them into the params) or
     "stochastic" rounding, reproducible from `seed` and the step count.
@@ -98,6 +108,9 @@ def adamw_step_(
         exp_avgs=exp_avgs,
         exp_avg_sqs=exp_avg_sqs,
         max_exp_avg_sqs=max_exp_avg_sqs,
+        exp_avgs_scales=exp_avgs_scales,
+        exp_avg_sqs_scales=exp_avg_sqs_scales,
+        max_exp_avg_sqs_scales=max_exp_avg_sqs_scales,
         master_params=master_params,
         steps=steps,
     )
@@ -119,6 +132,7 @@ def sgd_step_(
     weight_decay: float = 0.0,
     nesterov: bool = False,
     momentum_buffers: Iterable[torch.Tensor] = (),
+    momentum_buffers_scales: Iterable[torch.Tensor] = (),
     steps: Iterable[torch.Tensor] = (),
     master_params: Iterable[torch.Tensor] = (),
     grad_mult: torch.Tensor | None = None,
@@ -134,8 +148,9 @@ def sgd_step_(
     op = "gradacc.sgd_step_"
     lists = _lists(
         op,
-        params=params, grads=grads, momentum_buffers=momentum_buffers, master_params=master_params, steps=steps
-    )
+        params=params, grads=grads, momentum_buffers=momentum_buffers,
+        momentum_buffers_scales=momentum_buffers_scales, master_params=master_params, steps=steps,
+    )  # fmt: skip
     record = SGDStep(
         **lists, grad_mult=grad_mult, found_inf=found_inf, momentum=float(momentum), dampening=float(dampening),
         weight_decay=float(weight_decay), nesterov=bool(nesterov), **_common(op, lr, maximize, mode, seed),
@@ -151,6 +166,7 @@ def lion_step_(
     lr: float | torch.Tensor,
     betas: tuple[float, float] = (0.9, 0.99),
     weight_decay: float = 0.0,
+    exp_avgs_scales: Iterable[torch.Tensor] = (),
     steps: Iterable[torch.Tensor] = (),
     master_params: Iterable[torch.Tensor] = (),
     grad_mult: torch.Tensor | None = None,
@@ -165,8 +181,9 @@ def lion_step_(
     stochastic rounding; modes as in adamw_step_."""
     op = "gradacc.lion_step_"
     lists = _lists(
-        op, params=params, grads=grads, exp_avgs=exp_avgs, master_params=master_params, steps=steps
-    )
+        op, params=params, grads=grads, exp_avgs=exp_avgs, exp_avgs_scales=exp_avgs_scales,
+        master_params=master_params, steps=steps,
+    )  # fmt: skip
     beta1, beta2 = (float(b) for b in betas)
     record = LionStep(
         **lists, grad_mult=grad_mult, found_inf=found_inf, beta1=beta1, beta2=beta2,

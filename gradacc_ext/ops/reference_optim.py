@@ -3,7 +3,10 @@
 Each takes the op's argument record (optim_args.py), with the ops' in-place semantics and their
 arithmetic: torch.optim.AdamW / SGD operation by operation, each rounded on its own, in float32
 (float64 for float64 params), with the per-tensor constants computed in float64 from the step count.
-It is the fallback backend and the tests' oracle (on float64 inputs it computes in float64).
+It is the fallback backend and the tests' oracle (on float64 inputs it computes in float64; ``compute=
+torch.float64`` computes a float32 call's arithmetic in float64 too, int8 and bf16 states included).
+The state storage is the record's (storage()): fp32 as is, bf16 stored with stochastic rounding from the
+slot's own draw (csrc/kernels/quant_math.cuh's state_random_bits), int8 blocks (reference_lowbit.py).
 
 Nothing here synchronises the host: lr, the grad multiplier, found_inf and the step counts
 stay tensors, and a found_inf step writes back the values it read. It performs no argument
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from . import reference_lowbit
 from .constants import HALF_DTYPES, state_dtype
 from .optim_args import MODES, AdamWStep, LionStep, OptimStep, SGDStep
 
@@ -79,8 +83,10 @@ def _scalar(t: torch.Tensor | None, device: torch.device, default: float = 1.0) 
 class _Step:
     """What every tensor of one call shares: the effective lr, the multiplier, the skip flag."""
 
-    def __init__(self, a: OptimStep) -> None:
+    def __init__(self, a: OptimStep, compute: torch.dtype | None) -> None:
         device = a.params[0].device
+        self.compute = compute
+        self.storage, self.lists, self.scales, self.signed = a.storage(), a.state(), a.scales(), a.SIGNED
         self.steps, self.masters = a.steps, a.master_params
         self.lr = _scalar(a.lr_tensor, device) * a.lr
         self.mult = _scalar(a.grad_mult, device) * (-1.0 if a.maximize else 1.0)
@@ -91,6 +97,10 @@ class _Step:
             starts.append(total)
             total += -(-p.numel() // _CHUNK)
         self.chunk_starts = starts
+
+    def dtype(self, param: torch.Tensor) -> torch.dtype:
+        """The compute type of params[i]: its state dtype, unless the call asked for another."""
+        return self.compute or state_dtype(param.dtype)
 
     def done(self, i: int) -> torch.Tensor:
         """Steps taken before this one by params[i], as float64."""
@@ -107,15 +117,39 @@ class _Step:
 
     def load(self, i: int, param: torch.Tensor) -> torch.Tensor:
         if self.mode == MODES["master"]:
-            return self.masters[i].clone()
-        return param.to(state_dtype(param.dtype))
+            return self.masters[i].to(self.dtype(param), copy=True)
+        return param.to(self.dtype(param))
+
+    def state(self, i: int, slot: int, dtype: torch.dtype) -> torch.Tensor:
+        """State slot `slot` of params[i] in the compute type."""
+        t = self.lists[slot][i]
+        if self.storage == "int8":
+            return reference_lowbit.decode(t, self.scales[slot][i], self.signed[slot], dtype)
+        return t.to(dtype)
+
+    def put(self, i: int, slot: int, value: torch.Tensor) -> None:
+        """State slot `slot` of params[i]'s new value, stored in the call's storage unless the step is skipped."""
+        t = self.lists[slot][i]
+        if self.storage == "int8":
+            codes, absmax = reference_lowbit.encode(value, self.signed[slot])
+            self.write(t, codes)
+            self.write(self.scales[slot][i], absmax)
+            return
+        if self.storage == "bf16":  # positions disjoint from the params': the slot in the top byte
+            first = self.chunk_starts[i] * _CHUNK + ((slot + 1) << 56)
+            value = stochastic_round(value.float(), torch.bfloat16, self.bits(i, first, t.numel())).view(t.shape)
+        self.write(t, value)
+
+    def bits(self, i: int, first: int, numel: int) -> torch.Tensor:
+        """The random bits of params[i]'s step at positions first .. first + numel - 1."""
+        return random_bits(self.seed, self.done(i) + 1, first, numel)
 
     def store(self, i: int, param: torch.Tensor, value: torch.Tensor) -> None:
         if self.mode == MODES["master"]:
             self.write(self.masters[i], value)
         if self.mode == MODES["stochastic"] and param.dtype in HALF_DTYPES:
-            r = random_bits(self.seed, self.done(i) + 1, self.chunk_starts[i] * _CHUNK, param.numel())
-            value = stochastic_round(value, param.dtype, r).view(param.shape)
+            r = self.bits(i, self.chunk_starts[i] * _CHUNK, param.numel())
+            value = stochastic_round(value.float(), param.dtype, r).view(param.shape)
         param.copy_(self.keep(param, value.to(param.dtype)))
 
     def finish(self) -> None:
@@ -130,65 +164,65 @@ def _lerp(start: torch.Tensor, end: torch.Tensor, weight: float) -> torch.Tensor
     return end - (end - start) * (1.0 - weight)
 
 
-def adamw_step_(a: AdamWStep) -> None:
+def adamw_step_(a: AdamWStep, *, compute: torch.dtype | None = None) -> None:
     if not a.params:
         return
-    run = _Step(a)
+    run = _Step(a, compute)
     beta1, beta2, eps, weight_decay = a.beta1, a.beta2, a.eps, a.weight_decay
     for i, param in enumerate(a.params):
-        dtype = state_dtype(param.dtype)
+        dtype = run.dtype(param)
         step = run.done(i) + 1
         step_size = (run.lr / (1.0 - beta1**step)).to(dtype)
         bc2_sqrt = (1.0 - beta2**step).sqrt().to(dtype)
         decay = (1.0 - run.lr * weight_decay).to(dtype)
         g = a.grads[i].to(dtype) * run.mult.to(dtype)
         p = run.load(i, param) * decay
-        m = _lerp(a.exp_avgs[i], g, 1.0 - beta1)
-        v = a.exp_avg_sqs[i] * beta2 + (g * g) * (1.0 - beta2)
+        m = _lerp(run.state(i, 0, dtype), g, 1.0 - beta1)
+        v = run.state(i, 1, dtype) * beta2 + (g * g) * (1.0 - beta2)
         second = v
         if a.max_exp_avg_sqs:
-            second = torch.maximum(a.max_exp_avg_sqs[i], v)
-            run.write(a.max_exp_avg_sqs[i], second)
+            second = torch.maximum(run.state(i, 2, dtype), v)
+            run.put(i, 2, second)
         denom = second.sqrt() / bc2_sqrt + eps
         p = p - step_size * (m / denom)
-        run.write(a.exp_avgs[i], m)
-        run.write(a.exp_avg_sqs[i], v)
+        run.put(i, 0, m)
+        run.put(i, 1, v)
         run.store(i, param, p)
     run.finish()
 
 
-def sgd_step_(a: SGDStep) -> None:
+def sgd_step_(a: SGDStep, *, compute: torch.dtype | None = None) -> None:
     if not a.params:
         return
-    run = _Step(a)
+    run = _Step(a, compute)
     momentum, weight_decay = a.momentum, a.weight_decay
     for i, param in enumerate(a.params):
-        dtype = state_dtype(param.dtype)
+        dtype = run.dtype(param)
         p = run.load(i, param)
         g = a.grads[i].to(dtype) * run.mult.to(dtype)
         if weight_decay != 0.0:
             g = g + weight_decay * p
         if momentum != 0.0:
-            old = a.momentum_buffers[i]
+            old = run.state(i, 0, dtype)
             buf = torch.where(run.done(i) == 0, g, old * momentum + g * (1.0 - a.dampening))
-            run.write(old, buf)
+            run.put(i, 0, buf)
             g = g + momentum * buf if a.nesterov else buf
         run.store(i, param, p + (-run.lr).to(dtype) * g)
     run.finish()
 
 
-def lion_step_(a: LionStep) -> None:
+def lion_step_(a: LionStep, *, compute: torch.dtype | None = None) -> None:
     """lion-pytorch's update: decay, the sign of the interpolated momentum, then the momentum."""
     if not a.params:
         return
-    run = _Step(a)
+    run = _Step(a, compute)
     for i, param in enumerate(a.params):
-        dtype = state_dtype(param.dtype)
+        dtype = run.dtype(param)
         decay = (1.0 - run.lr * a.weight_decay).to(dtype)
         g = a.grads[i].to(dtype) * run.mult.to(dtype)
         p = run.load(i, param) * decay
-        m = a.exp_avgs[i]
+        m = run.state(i, 0, dtype)
         direction = (m * a.beta1 + g * (1.0 - a.beta1)).sign()
-        run.write(m, m * a.beta2 + g * (1.0 - a.beta2))
+        run.put(i, 0, m * a.beta2 + g * (1.0 - a.beta2))
         run.store(i, param, p - run.lr.to(dtype) * direction)
     run.finish()

@@ -260,15 +260,21 @@ def test_argument_record_is_the_schema(record):
 
 # The public schemas as released: the traits and csrc/optim_args.h generate them, and must
 # keep generating them character for character.
+# Issue 30 added the int8 scales lists (<state>_scales, alias sets g, h, i) after the state lists.
 RELEASED_SCHEMAS = {
     "adamw_step_": "gradacc::adamw_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
-    "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] master_params, Tensor(f!)[] steps, "
-    "float lr, Tensor? lr_tensor, Tensor? grad_mult, Tensor? found_inf, float beta1, float beta2, float eps, "
-    "float weight_decay, bool maximize, int param_mode, int seed) -> ()",
+    "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, Tensor(g!)[] exp_avgs_scales, "
+    "Tensor(h!)[] exp_avg_sqs_scales, Tensor(i!)[] max_exp_avg_sqs_scales, Tensor(e!)[] master_params, "
+    "Tensor(f!)[] steps, float lr, Tensor? lr_tensor, Tensor? grad_mult, Tensor? found_inf, float beta1, "
+    "float beta2, float eps, float weight_decay, bool maximize, int param_mode, int seed) -> ()",
     "sgd_step_": "gradacc::sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, "
-    "Tensor(e!)[] master_params, Tensor(f!)[] steps, float lr, Tensor? lr_tensor, Tensor? grad_mult, "
-    "Tensor? found_inf, float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
-    "int param_mode, int seed) -> ()",
+    "Tensor(g!)[] momentum_buffers_scales, Tensor(e!)[] master_params, Tensor(f!)[] steps, float lr, "
+    "Tensor? lr_tensor, Tensor? grad_mult, Tensor? found_inf, float momentum, float dampening, "
+    "float weight_decay, bool nesterov, bool maximize, int param_mode, int seed) -> ()",
+    "lion_step_": "gradacc::lion_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+    "Tensor(g!)[] exp_avgs_scales, Tensor(e!)[] master_params, Tensor(f!)[] steps, float lr, "
+    "Tensor? lr_tensor, Tensor? grad_mult, Tensor? found_inf, float beta1, float beta2, float weight_decay, "
+    "bool maximize, int param_mode, int seed) -> ()",
 }
 
 
