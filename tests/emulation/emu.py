@@ -13,7 +13,8 @@ import torch
 
 from gradacc_ext.ops.optim_args import OptimStep
 
-DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3, torch.uint8: 4}  # gradacc::DType
+# gradacc::DType (uint8: the int8 states' codes)
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3, torch.uint8: 4}
 STORAGES = {"fp32": 0, "bf16": 1, "int8": 2}  # gradacc::StateStorage
 SCALE_MODES = {"unscale": 0, "clip_norm": 1, "clip_value": 2}  # gradacc::ScaleMode
 STATE_SLOTS = 3  # gradacc::kMaxStateSlots
