@@ -54,12 +54,13 @@ static_assert(sizeof(ListMeta<kQuantOptimDepth>) + sizeof(OptimArgs) <= kParamLi
 template <typename T>
 constexpr int kOptimVec = std::is_same_v<T, AdamW> ? kVec : 4;
 
-// Resident blocks per SM that ptxas must allow (__launch_bounds__'s second argument). Left to its
-// heuristic, ptxas capped the bf16-state AdamW and the int8-state Lion at 64 registers and spilled;
-// AdamW takes one block (84-98 registers; its hot loops keep >= 32 KB of loads in flight), SGD and
-// Lion two (<= 64 registers), which their fp32-state kernels already had.
-template <typename T>
-constexpr int kOptimMinBlocks = std::is_same_v<T, AdamW> ? 1 : 2;
+// Resident blocks per SM that ptxas must allow (__launch_bounds__'s second argument; 0 leaves it
+// unset, to ptxas's own heuristic). The fp32-state kernels keep the heuristic (a floor of 2 moved
+// SGD from 32 to 42 registers on sm_100). Left to it, the bf16-state AdamW and the int8-state Lion
+// were capped at 64 registers and spilled: AdamW's low-bit kernels allow one block (84-98
+// registers; their hot loops keep >= 32 KB of loads in flight), SGD's and Lion's two (<= 64).
+template <typename T, StateStorage S>
+constexpr int kOptimMinBlocks = S == StateStorage::kFloat ? 0 : std::is_same_v<T, AdamW> ? 1 : 2;
 
 // Calls fn(Width<W>{}, i) over the chunk: groups of kW with vector
 // accesses when `vec`, else (and always for fp64) one element per call. An
@@ -111,7 +112,7 @@ __device__ __forceinline__ void step_elements(const IO& io, StateElem<S, C>* con
 // S other than kFloat is instantiated for float compute only: fp64 params keep fp64 states (the
 // binding refuses the rest), so their dispatch branch is empty there.
 template <typename T, int kFlags, StateStorage S>
-__global__ void __launch_bounds__(kBlockThreads, kOptimMinBlocks<T>)
+__global__ void __launch_bounds__(kBlockThreads, kOptimMinBlocks<T, S>)
     optim_kernel(const __grid_constant__ OptimMeta<S> meta, const OptimArgs args) {
   if (args.found_inf != nullptr && *args.found_inf != 0.0f) return;  // uniform: the whole step is skipped
   constexpr bool kQuant = S == StateStorage::kInt8;
