@@ -95,8 +95,8 @@ __device__ __forceinline__ uint8_t code_at(const uint2& u, int e) {
 
 // Dequantizes, updates and stores this lane's elements of one quantization block, leaving their new
 // state values in st. kContiguous: 8 elements from `first`, every list aligned (vector accesses);
-// else element e at first + 32 e while below n, each one loaded, updated and stored on its own so
-// that only the state values stay live (the requantization needs all of them).
+// else element e at first + 32 e while below n, each one loaded, updated and stored on its own
+// (elements past n leave 0).
 template <bool kContiguous, typename T, int kFlags, typename IO, typename C, typename K>
 __device__ __forceinline__ void update_block(const IO& io, const QuantSlots<T::kSlots>& q, const QuantBooks& books,
                                              int block, int first, int n, const K& consts,
@@ -104,12 +104,6 @@ __device__ __forceinline__ void update_block(const IO& io, const QuantSlots<T::k
   constexpr int E = kLaneElems;
   float old[T::kSlots] = {};
   for_used_slots<T, kFlags>([&](auto slot) { old[decltype(slot)::value] = q.scales[decltype(slot)::value][block]; });
-  auto decode = [&](int e, auto&& code_of) {
-    for_used_slots<T, kFlags>([&](auto slot) {
-      constexpr int s = decltype(slot)::value;
-      st[s][e] = quant_decode(code_of(s), old[s], books.codes[kBookOf<T, s>]);
-    });
-  };
   if constexpr (kContiguous) {
     C p[E], g[E];
     io.template load<E>(first, p, g);
@@ -119,20 +113,36 @@ __device__ __forceinline__ void update_block(const IO& io, const QuantSlots<T::k
     });
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      decode(e, [&](int s) { return code_at(u[s], e); });
+      for_used_slots<T, kFlags>([&](auto slot) {
+        constexpr int s = decltype(slot)::value;
+        st[s][e] = quant_decode(code_at(u[s], e), old[s], books.codes[kBookOf<T, s>]);
+      });
       p[e] = T::template update<kFlags>(p[e], g[e], Column<C, T::kSlots, E>{st, e}, consts);
     }
     io.template store<E>(first, p);
   } else {
-#pragma unroll
+    // Not unrolled (one copy of the update, which left ptxas no room beside the contiguous path): the
+    // new values shift into st from the top, so that st is only ever indexed by constants (a runtime
+    // index would put it in local memory); after the 8 steps st[s][e] is element e's.
+#pragma unroll 1
     for (int e = 0; e < E; ++e) {
       const int i = first + 32 * e;
+      C v[T::kSlots][1] = {};
       if (i < n) {
         C p[1], g[1];
         io.template load<1>(i, p, g);
-        decode(e, [&](int s) { return q.codes[s][i]; });
-        p[0] = T::template update<kFlags>(p[0], g[0], Column<C, T::kSlots, E>{st, e}, consts);
+        for_used_slots<T, kFlags>([&](auto slot) {
+          constexpr int s = decltype(slot)::value;
+          v[s][0] = quant_decode(q.codes[s][i], old[s], books.codes[kBookOf<T, s>]);
+        });
+        p[0] = T::template update<kFlags>(p[0], g[0], Column<C, T::kSlots, 1>{v, 0}, consts);
         io.template store<1>(i, p);
+      }
+#pragma unroll
+      for (int s = 0; s < T::kSlots; ++s) {
+#pragma unroll
+        for (int k = 0; k + 1 < E; ++k) st[s][k] = st[s][k + 1];
+        st[s][E - 1] = v[s][0];
       }
     }
   }
