@@ -210,7 +210,7 @@ OptimParams checked_params(const char* op, const StepArgs<T>& a) {
                 ": steps must be given for bfloat16 states (their stochastic rounding draws a fresh stream per step)");
   T::check_state(o, has, params.size(), rules);
   check_scales<T>(op, a, p, device);
-  // Outputs in the order of _checks_optim's record (params, state, master_params, steps), then the inputs:
+  // Outputs in the order of optim_api._step (params, state, their scales, master_params, steps), then the inputs:
   // no input may be an output here, not even its own pair (the reference applies weight decay to params[i]
   // before it reads grads[i], the kernels read it first: they would differ).
   std::vector<Span> step_spans;  // the step counts are written too (one float32 each)

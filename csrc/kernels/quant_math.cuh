@@ -35,12 +35,14 @@ GRADACC_HD float absmax_nan(float acc, float x) { return max_abs_nan(acc, abs_f(
 GRADACC_HD float quant_relative(float x, float absmax) { return absmax == 0.0f ? 0.0f : div_rn(x, absmax); }
 
 // The code of a relative value y: the number of the 255 ascending midpoints strictly below y, by an
-// 8-step binary search (c + step - 1 never passes 254). A NaN compares below nothing: code 0.
+// 8-step branch-free binary search (c + step - 1 never passes 254), which a compiler may vectorise with
+// gathers. A NaN compares below nothing: code 0.
 GRADACC_HD uint8_t quant_encode(float y, const float* midpoints) {
   int c = 0;
-  for (int step = 128; step > 0; step >>= 1) {
-    if (midpoints[c + step - 1] < y) c += step;
-  }
+#if defined(__CUDACC__)
+#pragma unroll
+#endif
+  for (int step = 128; step > 0; step >>= 1) c += midpoints[c + step - 1] < y ? step : 0;
   return uint8_t(c);
 }
 

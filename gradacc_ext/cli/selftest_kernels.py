@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import ops
+from ..ops import reference_lowbit
 
 F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
 MIXED = "mixed"  # a list alternating fp32, fp16 and bf16 tensors
@@ -37,6 +38,12 @@ class Inputs:
         x = torch.randn(n + 1, generator=self.gen)
         x = (x.abs() if positive else x).to(dtype).to(self.device)
         return x[1:] if self.layout == "unaligned" else x[:n]
+
+    def place(self, t: torch.Tensor) -> torch.Tensor:
+        """A copy of `t` on the device, one element past its allocation's start in the "unaligned" layout."""
+        if self.layout != "unaligned":
+            return t.to(self.device, copy=True)
+        return torch.empty(t.numel() + 1, dtype=t.dtype, device=self.device)[1:].copy_(t.reshape(-1))
 
     def tensors(self, dtype: torch.dtype | str, positive: bool = False) -> list[torch.Tensor]:
         """One tensor per size; dtype MIXED cycles through fp32, fp16 and bf16."""
@@ -123,10 +130,17 @@ OPTIM_CASES = {
     "fp16": (F16, F16, "nearest"),
     "fp64": (F64, F64, "nearest"),
 }
+# the state storages (issue 30): bf16 and int8 states, with fp32 params and bf16 ones in stochastic rounding
+LOWBIT_CASES = {
+    "fp32-bf16-states": (F32, F32, "nearest"),
+    "fp32-int8-states": (F32, F32, "nearest"),
+    "bf16-stochastic-bf16-states": (BF16, F32, "stochastic"),
+    "bf16-stochastic-int8-states": (BF16, F32, "stochastic"),
+}
 # the steps' other switches, on fp32: AdamW's amsgrad, SGD's nesterov, all maximizing
-ADAMW_CASES = {**OPTIM_CASES, "fp32-amsgrad-maximize": (F32, F32, "nearest")}
-SGD_CASES = {**OPTIM_CASES, "fp32-nesterov-maximize": (F32, F32, "nearest")}
-LION_CASES = {**OPTIM_CASES, "fp32-maximize": (F32, F32, "nearest")}
+ADAMW_CASES = {**OPTIM_CASES, "fp32-amsgrad-maximize": (F32, F32, "nearest"), **LOWBIT_CASES}
+SGD_CASES = {**OPTIM_CASES, "fp32-nesterov-maximize": (F32, F32, "nearest"), **LOWBIT_CASES}
+LION_CASES = {**OPTIM_CASES, "fp32-maximize": (F32, F32, "nearest"), **LOWBIT_CASES}
 
 
 def _optim_inputs(x: Inputs, case: str) -> tuple[list[torch.Tensor], ...]:
@@ -140,29 +154,44 @@ def _optim_inputs(x: Inputs, case: str) -> tuple[list[torch.Tensor], ...]:
     return params, grads, x.tensors(state), x.tensors(state, positive=True), masters, steps, scalars
 
 
+def _stored(x: Inputs, case: str, states: list[torch.Tensor], signed: bool) -> tuple[list, list]:
+    """(states, scales) in the case's storage: as drawn (fp32), bf16, or int8 codes with their block absmaxes
+    (encoded by the reference); the layout's placement kept."""
+    if "-states" not in case:
+        return states, []
+    if "bf16-states" in case:
+        return [x.place(t.to(BF16)) for t in states], []
+    encoded = [reference_lowbit.encode(t.cpu(), signed) for t in states]
+    return [x.place(codes) for codes, _ in encoded], [x.place(absmax) for _, absmax in encoded]
+
+
 def _adamw(x: Inputs, case: str, backend: str) -> list[torch.Tensor]:
     params, grads, m, v, masters, steps, (lr, mult, found) = _optim_inputs(x, case)
     max_v = x.tensors(v[0].dtype, positive=True) if "amsgrad" in case else []  # above v here, below there
+    (m, m_scales), (v, v_scales) = _stored(x, case, m, True), _stored(x, case, v, False)
     ops.adamw_step_(params, grads, m, v, steps, lr=lr, weight_decay=0.1, max_exp_avg_sqs=max_v, master_params=masters,
-                    grad_mult=mult, found_inf=found, maximize="maximize" in case, mode=ADAMW_CASES[case][2], seed=7,
-                    backend=backend)  # fmt: skip
-    return [*params, *m, *v, *max_v, *masters, *steps]
+                    exp_avgs_scales=m_scales, exp_avg_sqs_scales=v_scales, grad_mult=mult, found_inf=found,
+                    maximize="maximize" in case, mode=ADAMW_CASES[case][2], seed=7, backend=backend)  # fmt: skip
+    return [*params, *m, *v, *max_v, *m_scales, *v_scales, *masters, *steps]
 
 
 def _sgd(x: Inputs, case: str, backend: str) -> list[torch.Tensor]:
     params, grads, momentum, _, masters, steps, (lr, mult, found) = _optim_inputs(x, case)
+    momentum, scales = _stored(x, case, momentum, True)
     ops.sgd_step_(params, grads, lr=lr, momentum=0.9, weight_decay=0.01, nesterov="nesterov" in case,
-                  momentum_buffers=momentum, steps=steps, master_params=masters, grad_mult=mult, found_inf=found,
-                  maximize="maximize" in case, mode=SGD_CASES[case][2], seed=7, backend=backend)  # fmt: skip
-    return [*params, *momentum, *masters, *steps]
+                  momentum_buffers=momentum, momentum_buffers_scales=scales, steps=steps, master_params=masters,
+                  grad_mult=mult, found_inf=found, maximize="maximize" in case, mode=SGD_CASES[case][2], seed=7,
+                  backend=backend)  # fmt: skip
+    return [*params, *momentum, *scales, *masters, *steps]
 
 
 def _lion(x: Inputs, case: str, backend: str) -> list[torch.Tensor]:
     params, grads, m, _, masters, steps, (lr, mult, found) = _optim_inputs(x, case)
-    ops.lion_step_(params, grads, m, lr=lr, weight_decay=0.1, steps=steps, master_params=masters, grad_mult=mult,
-                   found_inf=found, maximize="maximize" in case, mode=LION_CASES[case][2], seed=7,
-                   backend=backend)  # fmt: skip
-    return [*params, *m, *masters, *steps]
+    m, scales = _stored(x, case, m, True)
+    ops.lion_step_(params, grads, m, lr=lr, weight_decay=0.1, exp_avgs_scales=scales, steps=steps,
+                   master_params=masters, grad_mult=mult, found_inf=found, maximize="maximize" in case,
+                   mode=LION_CASES[case][2], seed=7, backend=backend)  # fmt: skip
+    return [*params, *m, *scales, *masters, *steps]
 
 
 KERNELS: list[Kernel] = [

@@ -104,8 +104,8 @@ class OptimStep:
         return [getattr(self, scales_name(name)) for name, _ in self.STATE]
 
     def storage(self) -> str:
-        """"fp32", "bf16" or "int8": the storage of the first given state tensor (the checks hold every other
-        to it); "fp32" where no state is given."""
+        """The call's state storage, "fp32", "bf16" or "int8": the first given state tensor's (the checks hold
+        every other to it); "fp32" where no state is given."""
         for tensors in self.state():
             for t in tensors:
                 if t is not None and t.dtype in STORAGES:

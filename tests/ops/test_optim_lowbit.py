@@ -21,6 +21,9 @@ SIZES = [1, 255, 256, 257, 1000, 65536 + 300]  # partial blocks, a block boundar
 # Every config of the table but plain SGD (no state); int8 refuses amsgrad (tests/ops/test_optim_lowbit_errors.py).
 ROWS = [r for r in row_configs() if r.id != "sgd-plain"]
 INT8_ROWS = [r for r in ROWS if not r.values[0].configs[r.values[1]].get("amsgrad")]
+STORAGE_ROWS = [pytest.param(*r.values, "bf16", id=f"{r.id}-bf16") for r in ROWS] + [
+    pytest.param(*r.values, "int8", id=f"{r.id}-int8") for r in INT8_ROWS
+]
 
 
 def _options(info: OptimInfo, config: str) -> dict:
@@ -54,13 +57,10 @@ def _compare_backends(inputs: LowbitInputs, info: OptimInfo, config: str, gen: t
     _assert_same(inputs, ref, info)
 
 
-@pytest.mark.parametrize(("info", "config"), ROWS)
-@pytest.mark.parametrize("storage", ["bf16", "int8"])
+@pytest.mark.parametrize(("info", "config", "storage"), STORAGE_ROWS)
 def test_cpu_kernel_equals_reference_bitwise(gen, info, config, storage):
     """Three steps with fresh grads: params, codes or bf16 states, scales and steps equal bit for bit."""
     require_ext("cpu")
-    if storage == "int8" and info.configs[config].get("amsgrad"):
-        pytest.skip("int8 refuses amsgrad")
     _compare_backends(lowbit_inputs(info, info.configs[config], SIZES, storage, gen), info, config, gen)
 
 
@@ -149,3 +149,18 @@ def test_skipped_step_writes_nothing(gen, backend, storage, name):
     before = snapshot(inputs.all_tensors())
     inputs.call(info, backend, info.lr, **_options(info, config), found_inf=torch.ones(()))
     assert_bits_unchanged(before, inputs.all_tensors(), "lowbit inputs")
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("storage", ["bf16", "int8"])
+@pytest.mark.parametrize("name", ["adamw", "sgd", "lion"])
+def test_opcheck_with_lowbit_states(gen, name, storage):
+    """The schema's alias sets (scales written), the fake kernel and the registration agree with the kernel."""
+    require_ext("cpu")
+    info = BY_NAME[name]
+    config = "momentum" if name == "sgd" else "plain"
+    inputs = lowbit_inputs(info, info.configs[config], [9, 300], storage, gen)
+    op = getattr(torch.ops.gradacc, info.op)
+    written = {a.name for a in op.default._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    assert set(inputs.scales_kwargs(info)) <= written
+    torch.library.opcheck(op.default, inputs.record(info, info.configs[config], 1e-3).args())

@@ -36,6 +36,7 @@ def extra_scales(x: LowbitInputs, kw: dict) -> None:
     kw["exp_avgs_scales"] = [torch.zeros(-(-p.numel() // 256)) for p in x.x.params]
 
 
+# fmt: off
 # the scales lists: given exactly for int8 states, one 1-D contiguous float32 tensor per param
 case("scales-missing", lambda x, kw: kw.pop("exp_avgs_scales"), ValueError,
      r"exp_avgs_scales must have one tensor per param \(3\) as exp_avgs is int8 \(uint8 codes\), got 0")
@@ -81,6 +82,7 @@ case("float64-params-uint8", lambda x, kw: None, TypeError,
      r"exp_avgs\[0\] has dtype torch.uint8 but params\[0\] has dtype torch.float64", param_dtype=torch.float64)
 case("bf16-without-steps", lambda x, kw: x.x.steps.clear(), ValueError,
      r"lion_step_: steps must be given for bfloat16 states", name="lion", storage="bf16")
+# fmt: on
 
 
 def _inputs(name: str, storage: str, amsgrad: bool, param_dtype: torch.dtype) -> LowbitInputs:
