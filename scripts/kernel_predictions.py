@@ -58,7 +58,8 @@ class Headline:
 
 
 FUSED_STEP = "fused_step"
-ACC, ACC_FINAL, OPTIM = "accumulate_kernel<false, false>", "accumulate_kernel<true, false>", "optim_kernel<AdamW, 0>"
+ACC, ACC_FINAL = "accumulate_kernel<false, false>", "accumulate_kernel<true, false>"
+OPTIM = "optim_kernel<AdamW, 0, fp32>"
 NORM, CLIP = "norm_kernel<float, true>", "scale_kernel<clip_norm>"
 HEADLINES = (
     Headline("acc_bf16", "gpt2-small", 1.0, (ACC,)),

@@ -57,8 +57,10 @@ RULES = (
     f"{OCCUPANCY_FLOOR:.0f}% (two blocks per SM), or >= {ONE_BLOCK_FLOOR:.0f}% (one block) where the poorest hot "
     f"loop keeps >= {IN_FLIGHT_FLOOR // 1024} KB of loads in flight per SM"
 )
-SCALE_MODES = {"(gradacc::ScaleMode)0": "unscale", "(gradacc::ScaleMode)1": "clip_norm",
-               "(gradacc::ScaleMode)2": "clip_value"}  # fmt: skip
+# Enum template arguments as words: the scale kernels' modes, the optimizer kernel's state storages.
+ENUM_WORDS = {"(gradacc::ScaleMode)0": "unscale", "(gradacc::ScaleMode)1": "clip_norm",
+              "(gradacc::ScaleMode)2": "clip_value", "(gradacc::StateStorage)0": "fp32",
+              "(gradacc::StateStorage)1": "bf16", "(gradacc::StateStorage)2": "int8"}  # fmt: skip
 
 
 @dataclass
@@ -95,7 +97,7 @@ def short_name(demangled: str) -> str:
             cut = i
             break
     name = demangled[:cut].removeprefix("void ").replace("gradacc::cuda::", "")
-    for mode, word in SCALE_MODES.items():
+    for mode, word in ENUM_WORDS.items():
         name = name.replace(mode, word)
     return name.replace("gradacc::", "").strip()
 

@@ -39,7 +39,7 @@ GRADACC_HD float quant_relative(float x, float absmax) { return absmax == 0.0f ?
 // gathers. A NaN compares below nothing: code 0.
 GRADACC_HD uint8_t quant_encode(float y, const float* midpoints) {
   int c = 0;
-#if defined(__CUDACC__)
+#if defined(__CUDA_ARCH__)  // the device pass only: the host compiler rejects the pragma (-Werror)
 #pragma unroll
 #endif
   for (int step = 128; step > 0; step >>= 1) c += midpoints[c + step - 1] < y ? step : 0;

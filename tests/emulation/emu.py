@@ -13,7 +13,9 @@ import torch
 
 from gradacc_ext.ops.optim_args import OptimStep
 
-DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}  # gradacc::DType
+# gradacc::DType (uint8: the int8 states' codes)
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3, torch.uint8: 4}
+STORAGES = {"fp32": 0, "bf16": 1, "int8": 2}  # gradacc::StateStorage
 SCALE_MODES = {"unscale": 0, "clip_norm": 1, "clip_value": 2}  # gradacc::ScaleMode
 STATE_SLOTS = 3  # gradacc::kMaxStateSlots
 _FLOAT_P = ctypes.POINTER(ctypes.c_float)
@@ -64,12 +66,15 @@ class Emulator:
         ]  # fmt: skip
         self.lib.emu_optim_step.argtypes = [
             ctypes.c_char_p, _VOID_P, _VOID_P, _VOID_P, ctypes.c_int64, ctypes.c_double, _VOID_P, ctypes.c_int,
-            ctypes.c_int, _FLOAT_P, _FLOAT_P, _FLOAT_P, ctypes.c_int, ctypes.c_int64, ctypes.c_char_p, ctypes.c_size_t,
+            ctypes.c_int, _FLOAT_P, _FLOAT_P, _FLOAT_P, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_char_p,
+            ctypes.c_size_t,
         ]  # fmt: skip
 
     def capacity(self, depth: int) -> int:
-        """Tensors per launch of ListMeta<depth> in this build (depth 7: the optimizer steps)."""
-        return int(self.lib.emu_optim_capacity() if depth == 7 else self.lib.emu_meta_capacity(depth))
+        """Tensors per launch of ListMeta<depth> in this build (depth 7: the optimizer steps, 10: with int8
+        states, whose metadata adds the scales lists)."""
+        optim = {7: self.lib.emu_optim_capacity, 10: self.lib.emu_quant_optim_capacity}
+        return int(optim[depth]() if depth in optim else self.lib.emu_meta_capacity(depth))
 
     def step_batch(self) -> int:
         """Step counts per launch of the optimizer steps' increment kernel in this build."""
@@ -112,8 +117,9 @@ class Emulator:
 
     def step(self, a: OptimStep) -> None:
         """One optimizer step from its argument record (gradacc_ext.ops.optim_args): any optimizer."""
-        state = a.state()
-        lists = [a.params, a.grads, *state, *([[]] * (STATE_SLOTS - len(state))), a.master_params]
+        state, scales = a.state(), a.scales()
+        pad = [[]] * (STATE_SLOTS - len(state))
+        lists = [a.params, a.grads, *state, *pad, a.master_params, *scales, *pad]
         span_arrays = [_spans(list(x)) for x in lists]  # kept alive through the call
         heads = (_VOID_P * len(lists))(*[ctypes.addressof(arr) for arr in span_arrays])
         lengths = (ctypes.c_int64 * len(lists))(*[len(x) for x in lists])
@@ -122,5 +128,5 @@ class Emulator:
         self._call(
             self.lib.emu_optim_step, a.NAME.encode(), heads, lengths, step_ptrs, len(a.steps), a.lr,
             (ctypes.c_double * len(options))(*options), len(options), int(a.maximize), _ptr(a.lr_tensor),
-            _ptr(a.grad_mult), _ptr(a.found_inf), a.param_mode, a.seed,
+            _ptr(a.grad_mult), _ptr(a.found_inf), a.param_mode, a.seed, STORAGES[a.storage()],
         )  # fmt: skip

@@ -14,14 +14,17 @@ extern "C" {
 
 int emu_optim_capacity() { return ListMeta<gradacc::cuda::kOptimDepth>::kCapacity; }
 
+int emu_quant_optim_capacity() { return ListMeta<gradacc::cuda::kQuantOptimDepth>::kCapacity; }
+
 int emu_step_batch() { return gradacc::cuda::kStepBatch; }
 
-// lists: params, grads, the state slots (kMaxStateSlots), masters (an unused
-// list has length 0); options: the optimizer's kOptions in order.
+// lists: params, grads, the state slots (kMaxStateSlots), masters, the state
+// slots' scales (kMaxStateSlots; an unused list has length 0); storage:
+// gradacc::StateStorage; options: the optimizer's kOptions in order.
 int emu_optim_step(const char* name, const EmuSpan* const* lists, const int64_t* lengths, float* const* steps,
                    int64_t num_steps, double lr, const double* options, int num_options, int maximize,
                    const float* lr_ptr, const float* grad_mult_ptr, const float* found_inf, int mode, int64_t seed,
-                   char* err, size_t err_len) {
+                   int storage, char* err, size_t err_len) {
   gradacc::OptimParams p;
   p.kind = gradacc::optim_kind(name);
   if (p.kind < 0 || num_options > gradacc::kMaxOptions) return -1;
@@ -30,6 +33,8 @@ int emu_optim_step(const char* name, const EmuSpan* const* lists, const int64_t*
   p.grads = emu_entry::spans(lists[1], lengths[1]);
   for (int s = 0; s < kSlots; ++s) p.state[s] = emu_entry::spans(lists[2 + s], lengths[2 + s]);
   p.masters = emu_entry::spans(lists[2 + kSlots], lengths[2 + kSlots]);
+  for (int s = 0; s < kSlots; ++s) p.scales[s] = emu_entry::spans(lists[3 + kSlots + s], lengths[3 + kSlots + s]);
+  p.storage = gradacc::StateStorage(storage);
   p.steps.assign(steps, steps + num_steps);
   p.scalars.lr = lr;
   p.scalars.maximize = maximize != 0;

@@ -124,12 +124,14 @@ def test_names_are_short_and_readable():
     demangled = subprocess.run(
         ["c++filt"],
         input="_ZN7gradacc4cuda12scale_kernelILNS_9ScaleModeE1EEEvNS0_8ListMetaILi1EEENS0_9ScaleArgsE\n"
-        "_ZN7gradacc4cuda20norm_finalize_kernelIdEEvPKNS_8NormAccTIT_EEPKilNS_8NormKindEdPS3_SA_\n",
+        "_ZN7gradacc4cuda20norm_finalize_kernelIdEEvPKNS_8NormAccTIT_EEPKilNS_8NormKindEdPS3_SA_\n"
+        "_ZN7gradacc4cuda12optim_kernelINS_4LionELi0ELNS_12StateStorageE2EEEvNS0_8ListMetaIXcl11optim_depthT1_EEEENS0_9OptimArgsE\n",
         capture_output=True,
         text=True,
         check=True,
     ).stdout.splitlines()
-    assert [short_name(d) for d in demangled] == ["scale_kernel<clip_norm>", "norm_finalize_kernel<double>"]
+    want = ["scale_kernel<clip_norm>", "norm_finalize_kernel<double>", "optim_kernel<Lion, 0, int8>"]
+    assert [short_name(d) for d in demangled] == want
 
 
 def test_every_launch_uses_the_block_size_the_report_assumes():

@@ -301,20 +301,33 @@ inline int __syncthreads_or(int predicate) {
   return b->vote(gen);
 }
 
+namespace emu {
+// Every lane of the warp publishes `value`, then reads lane `src`'s (its own where src is past the warp).
 template <typename T>
-inline T __shfl_down_sync(unsigned mask, T value, unsigned delta) {
+inline T warp_exchange(const char* what, unsigned mask, T value, unsigned src) {
   static_assert(sizeof(T) <= sizeof(uint64_t), "shuffle of a register-sized value");
-  if (mask != 0xFFFFFFFFu) emu::fail("__shfl_down_sync: only the full-warp mask is emulated");
-  emu::Block* b = emu::Block::active();
+  if (mask != 0xFFFFFFFFu) fail(std::string(what) + ": only the full-warp mask is emulated");
+  Block* b = Block::active();
   const unsigned gen = b->warp_generation();
-  const unsigned lane = threadIdx.x % emu::kWarp;
   uint64_t bits = 0;
   std::memcpy(&bits, &value, sizeof(T));
-  b->lanes(gen)[lane] = bits;
+  b->lanes(gen)[threadIdx.x % kWarp] = bits;
   b->warp_barrier();
-  if (lane + delta >= unsigned(emu::kWarp)) return value;  // out of range: the lane keeps its own value
+  if (src >= unsigned(kWarp)) return value;  // out of range: the lane keeps its own value
   T out;
-  const uint64_t src = b->lanes(gen)[lane + delta];
-  std::memcpy(&out, &src, sizeof(T));
+  const uint64_t from = b->lanes(gen)[src];
+  std::memcpy(&out, &from, sizeof(T));
   return out;
+}
+}  // namespace emu
+
+template <typename T>
+inline T __shfl_down_sync(unsigned mask, T value, unsigned delta) {
+  return emu::warp_exchange("__shfl_down_sync", mask, value, threadIdx.x % emu::kWarp + delta);
+}
+
+// The butterfly: lane l reads lane l ^ lane_mask's value (the int8 states' warp absmax, optim_quant.cuh).
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
+  return emu::warp_exchange("__shfl_xor_sync", mask, value, (threadIdx.x % emu::kWarp) ^ unsigned(lane_mask));
 }
