@@ -78,11 +78,12 @@ def lowbit_inputs(
     gen: torch.Generator,
     *,
     param_dtype: torch.dtype = torch.float32,
+    grad_dtype: torch.dtype | None = None,
     unaligned: bool = False,
     first_step: bool = False,
 ) -> LowbitInputs:
-    x = make_inputs(sizes, param_dtype, "cpu", gen, optimizer=info.name, amsgrad=bool(config.get("amsgrad")),
-                    unaligned=unaligned, first_step=first_step)  # fmt: skip
+    x = make_inputs(sizes, param_dtype, "cpu", gen, grad_dtype=grad_dtype, optimizer=info.name,
+                    amsgrad=bool(config.get("amsgrad")), unaligned=unaligned, first_step=first_step)  # fmt: skip
     return to_storage(x, info, storage, unaligned=unaligned)
 
 

@@ -108,6 +108,13 @@ __device__ __forceinline__ void step_elements(const IO& io, StateElem<S, C>* con
   });
 }
 
+// int8 AdamW reads float32 grads only (the accumulator's buffers): with 16-bit grads its hot loop keeps
+// 28 KB of loads in flight per SM, under the kernel report's 32 KB floor, and two blocks per SM spill
+// (docs/kernel-report.md). The CUDA registration refuses the call (register_optim_cuda.cpp); the path is
+// not compiled.
+template <typename T, StateStorage S, typename G>
+constexpr bool kInt8NeedsFp32Grads = S == StateStorage::kInt8 && std::is_same_v<T, AdamW> && !std::is_same_v<G, float>;
+
 // One step of optimizer T (optim_traits.cuh) in its compile-time variant kFlags, states stored as S.
 // S other than kFloat is instantiated for float compute only: fp64 params keep fp64 states (the
 // binding refuses the rest), so their dispatch branch is empty there.
@@ -130,7 +137,7 @@ __global__ void __launch_bounds__(kBlockThreads, kOptimMinBlocks<T, S>)
     using P = decltype(param_tag);
     using G = decltype(grad_tag);
     using C = ComputeOf<P>;
-    if constexpr (S == StateStorage::kFloat || std::is_same_v<C, float>) {
+    if constexpr ((S == StateStorage::kFloat || std::is_same_v<C, float>) && !kInt8NeedsFp32Grads<T, S, G>) {
       P* param = slot_ptr<P>(meta, c.slot, kParam, c.first_elem);
       const G* grad = slot_ptr<const G>(meta, c.slot, kGrad, c.first_elem);
       float* master = slot_ptr<float>(meta, c.slot, kMaster, c.first_elem);

@@ -88,13 +88,29 @@ def test_lowbit_steps(emulators, gen, info, config, storage, layout):
 @pytest.mark.parametrize("mode", ["stochastic", "master"])
 @pytest.mark.parametrize("name", ["adamw", "sgd", "lion"])
 def test_bf16_params_with_lowbit_states(emulators, gen, name, mode, storage):
-    """bf16 params: stochastic rounding (its draws beside the bf16 states' own) or fp32 master weights."""
+    """bf16 params: stochastic rounding (its draws beside the bf16 states' own) or fp32 master weights. int8
+    AdamW reads fp32 grads only on CUDA (the accumulator's buffers; test_int8_adamw_refuses_16_bit_grads)."""
     info = BY_NAME[name]
     config = "momentum" if name == "sgd" else "plain"
-    inputs = lowbit_inputs(info, info.configs[config], [300, 70000], storage, gen, param_dtype=torch.bfloat16)
+    grad_dtype = torch.float32 if (name, storage) == ("adamw", "int8") else None
+    inputs = lowbit_inputs(info, info.configs[config], [300, 70000], storage, gen, param_dtype=torch.bfloat16,
+                           grad_dtype=grad_dtype)  # fmt: skip
     if mode == "master":
         inputs.x.master_params = [p.float() for p in inputs.x.params]
     run_and_check(emulators["param32k"], inputs, info, config, gen, mode=mode, seed=11)
+
+
+@pytest.mark.parametrize("grad_dtype", [torch.bfloat16, torch.float16])
+def test_int8_adamw_refuses_16_bit_grads(emulators, gen, grad_dtype):
+    """The int8 AdamW kernel has no 16-bit-grad path (optim_step.cuh's kInt8NeedsFp32Grads: it would keep too few
+    loads in flight): the launcher refuses the step and writes nothing (the CUDA registration refuses it first,
+    with a message naming the grads)."""
+    info = BY_NAME["adamw"]
+    inputs = lowbit_inputs(info, {}, [300, 70000], "int8", gen, param_dtype=grad_dtype)
+    before = snapshot(inputs.all_tensors())
+    with pytest.raises(RuntimeError, match="emulated launch failed"):
+        emulators["param32k"].step(inputs.record(info, {}, info.lr))
+    assert_bits_unchanged(before, inputs.all_tensors(), "lowbit inputs")
 
 
 @pytest.mark.parametrize("name", ["adamw", "sgd", "lion"])
