@@ -34,6 +34,25 @@ def _table(name: str, values: torch.Tensor, what: str) -> str:
     return f"// {what}\ninline constexpr float {name}[{len(literals)}] = {{\n{body}}};\n"
 
 
+def _byte_table(name: str, values: torch.Tensor, what: str) -> str:
+    literals = [str(v) for v in values.tolist()]
+    rows = [", ".join(literals[i : i + 4 * PER_LINE]) for i in range(0, len(literals), 4 * PER_LINE)]
+    body = ",\n".join(f"    {row}" for row in rows)
+    return f"// {what}\ninline constexpr uint8_t {name}[{len(literals)}] = {{\n{body}}};\n"
+
+
+def _encoder_tables(label: str, signed: bool) -> str:
+    """The encoder's bucket table and its midpoints padded with +inf (a code of 255 compares below nothing)."""
+    first, _ = quant_maps.encode_buckets(signed)
+    mids = _table(f"k{label}EncodeMidpoints", quant_maps.midpoints(signed), "")
+    mids = mids.replace("[255] = {", "[256] = {").replace("};\n", ",\n    kQuantInf};\n").removeprefix("// \n")
+    return (
+        _byte_table(f"k{label}EncodeFirst", first, "the encoder's first code of each bucket (positive, then negative)")
+        + "\n// the 255 midpoints, then +inf\n"
+        + mids
+    )
+
+
 def render() -> str:
     """The header's text."""
     parts = [
@@ -43,16 +62,28 @@ def render() -> str:
         "// ascending, and the 255 decision points between neighbouring codes (quant_math.cuh's encode).\n"
         "// Torch-free; the CUDA kernels copy them to device memory.\n"
         "#pragma once\n\n"
+        "#include <cstdint>\n"
+        "#include <limits>\n\n"
         "namespace gradacc {\n\n"
         f"constexpr int kQuantBlock = {quant_maps.BLOCK};  // elements per block, each with one float32 absmax\n"
         f"constexpr int kSignedZeroCode = {quant_maps.zero_code(True)};\n"
         f"constexpr int kUnsignedZeroCode = {quant_maps.zero_code(False)};\n\n"
+        "// quant_math.cuh's quant_encode: a bucket table over the magnitude bits clamped to [low, high], shifted,\n"
+        "// then this many branch-free comparisons (the most midpoints inside any bucket, both maps).\n"
+        f"constexpr uint32_t kQuantEncodeShift = {quant_maps.ENCODE_SHIFT};\n"
+        f"constexpr uint32_t kQuantEncodeLowBits = {quant_maps.ENCODE_LOW_BITS:#x}u;\n"
+        f"constexpr uint32_t kQuantEncodeHighBits = {quant_maps.ENCODE_HIGH_BITS:#x}u;\n"
+        f"constexpr uint32_t kQuantEncodeBuckets = {quant_maps.ENCODE_BUCKETS};  // per sign\n"
+        f"constexpr int kQuantEncodeSteps = {max(quant_maps.encode_buckets(s)[1] for s in (True, False))};\n"
+        "constexpr float kQuantInf = std::numeric_limits<float>::infinity();\n\n"
     ]
     for signed, label in ((True, "Signed"), (False, "Unsigned")):
         name = quant_maps.map_name(signed)
         parts.append(_table(f"k{label}Codes", quant_maps.code_values(signed), f"{name}: the 256 code values"))
         parts.append("\n")
         parts.append(_table(f"k{label}Midpoints", quant_maps.midpoints(signed), f"{name}: the 255 midpoints"))
+        parts.append("\n")
+        parts.append(_encoder_tables(label, signed))
         parts.append("\n")
     parts.append("}  // namespace gradacc\n")
     return "".join(parts)

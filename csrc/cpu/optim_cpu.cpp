@@ -85,10 +85,12 @@ template <typename T, int kFlags, typename IO, typename G>
 void step_blocks(const IO& io, const G* grad, uint8_t* const* codes, float* const* scales, int64_t n,
                  const typename T::template Consts<float>& k) {
   const float* book[T::kSlots];
+  const uint8_t* first_code[T::kSlots];
   const float* mids[T::kSlots];
   for (int slot = 0; slot < T::kSlots; ++slot) {
     book[slot] = quant_codes(T::kStateSigned[slot]);
-    mids[slot] = quant_midpoints(T::kStateSigned[slot]);
+    first_code[slot] = quant_encode_first(T::kStateSigned[slot]);
+    mids[slot] = quant_encode_midpoints(T::kStateSigned[slot]);
   }
   for (int64_t first = 0; first < n; first += kQuantBlock) {
     const int64_t block = first / kQuantBlock;
@@ -111,7 +113,7 @@ void step_blocks(const IO& io, const G* grad, uint8_t* const* codes, float* cons
       for (int j = 0; j < nb; ++j) absmax = absmax_nan(absmax, value[slot][j]);
       scales[slot][block] = absmax;
       for (int j = 0; j < nb; ++j) {
-        codes[slot][first + j] = quant_encode(quant_relative(value[slot][j], absmax), mids[slot]);
+        codes[slot][first + j] = quant_encode(quant_relative(value[slot][j], absmax), first_code[slot], mids[slot]);
       }
     }
   }

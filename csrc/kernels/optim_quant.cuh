@@ -9,7 +9,7 @@
 // accesses for the rest. The others (and a partial last block) take element e of lane l at
 // l + 32 e: one coalesced scalar access per list. The code books (values and midpoints) sit in
 // shared memory, copied once per block from their device copy: a code's value and the 8-step
-// midpoint search (quant_encode) read them with data-dependent indices.
+// midpoint search (quant_encode_search) read them with data-dependent indices.
 #pragma once
 
 #include "optim_io.cuh"
@@ -172,7 +172,7 @@ __device__ __forceinline__ void step_quant_block(const IO& io, const QuantSlots<
     const float absmax = bits_float(warp_max_bits(m));
     uint8_t code[E];
 #pragma unroll
-    for (int e = 0; e < E; ++e) code[e] = quant_encode(quant_relative(st[s][e], absmax), mids);
+    for (int e = 0; e < E; ++e) code[e] = quant_encode_search(quant_relative(st[s][e], absmax), mids);
     if constexpr (kContiguous) {
       uint2 u;
       u.x = uint32_t(code[0]) | uint32_t(code[1]) << 8 | uint32_t(code[2]) << 16 | uint32_t(code[3]) << 24;

@@ -56,3 +56,37 @@ def map_name(signed: bool) -> str:
 def zero_code(signed: bool) -> int:
     """The code of 0.0 (any code decodes to 0 while its block's absmax is 0, as a fresh state's is)."""
     return int((code_values(signed) == 0).nonzero()[0])
+
+
+# The encoder's bucket table (quant_math.cuh's quant_encode): a float32 y's magnitude bits, clamped to
+# [ENCODE_LOW_BITS, ENCODE_HIGH_BITS] (2**-24 up to just below 2: every midpoint's magnitude lies inside),
+# shifted right by ENCODE_SHIFT (keeping the exponent and the top 6 mantissa bits), pick a bucket; the table
+# holds the lowest code of any value in the bucket, and at most `steps` midpoints lie inside any bucket.
+ENCODE_SHIFT = 17
+ENCODE_LOW_BITS = (127 - 24) << 23
+ENCODE_HIGH_BITS = (128 << 23) - 1
+ENCODE_BUCKETS = ((ENCODE_HIGH_BITS - ENCODE_LOW_BITS) >> ENCODE_SHIFT) + 1  # per sign
+
+
+def encode(y: torch.Tensor, signed: bool) -> torch.Tensor:
+    """The code of each float32 y: the number of midpoints strictly below it (NaN: 0), int64."""
+    codes = torch.searchsorted(midpoints(signed), y.to(torch.float32).contiguous())
+    return torch.where(y.isnan(), 0, codes)
+
+
+def _bits_to_float(bits: torch.Tensor) -> torch.Tensor:
+    return bits.to(torch.int32).view(torch.float32)
+
+
+@functools.cache
+def encode_buckets(signed: bool) -> tuple[torch.Tensor, int]:
+    """The encoder's table (uint8, 2 * ENCODE_BUCKETS entries: positive buckets, then negative ones) and its
+    number of steps: the most codes any bucket spans beyond its first (every non-NaN float32 checked, by the
+    ends of its bucket: the code is monotone in y)."""
+    b = torch.arange(ENCODE_BUCKETS, dtype=torch.int64)
+    low = torch.where(b == 0, 0, ENCODE_LOW_BITS + (b << ENCODE_SHIFT))
+    high = torch.where(b == ENCODE_BUCKETS - 1, 0x7F800000, ENCODE_LOW_BITS + ((b + 1) << ENCODE_SHIFT) - 1)
+    low_f, high_f = _bits_to_float(low), _bits_to_float(high)
+    first = torch.cat([encode(low_f, signed), encode(-high_f, signed)])
+    last = torch.cat([encode(high_f, signed), encode(-low_f, signed)])
+    return first.to(torch.uint8), int((last - first).max())
