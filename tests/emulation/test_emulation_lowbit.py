@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 import torch
 from _emulation import HAS_CPU_KERNELS, MARKS, Emulator
-from _lowbit_inputs import LowbitInputs, lowbit_inputs, new_grads, unaligned_copy
+from _lowbit_inputs import LowbitInputs, assert_same_as_reference, lowbit_inputs, new_grads, unaligned_copy
 from _optim_inputs import BY_NAME, OptimInfo, row_configs
 from _oracle import assert_bits_unchanged, bits, small_sizes, snapshot
 
@@ -47,25 +47,13 @@ def _run(target, inputs: LowbitInputs, info: OptimInfo, config: str, grads: list
             getattr(reference_optim, a.NAME)(a)
 
 
-def _assert_equals_reference(got: LowbitInputs, want: LowbitInputs, info: OptimInfo) -> None:
-    """States, codes, scales and steps bit for bit; AdamW's params (which its states never read) within a few
-    ulps, as its fp32-state kernels already round them differently from the reference."""
-    params = {id(p) for p in (*got.x.params, *got.x.master_params)}
-    for i, (g, w) in enumerate(zip(got.all_tensors(), want.all_tensors(), strict=True)):
-        if info.name == "adamw" and id(g) in params:
-            tol = 2.0**-7 if g.dtype == torch.bfloat16 else 1e-5  # one bf16 ulp: stochastic rounding may flip
-            torch.testing.assert_close(g, w, rtol=tol, atol=tol * 1e-2)
-        else:
-            assert torch.equal(bits(g), bits(w)), f"tensor {i} ({g.dtype}, {list(g.shape)}) differs from the reference"
-
-
 def run_and_check(emu: Emulator, inputs: LowbitInputs, info: OptimInfo, config: str, gen: torch.Generator,
                   mode: str = "nearest", seed: int = 0) -> None:  # fmt: skip
     grads = [new_grads(inputs.x, gen) for _ in range(STEPS)]
     ref, cpu = inputs.clone(), inputs.clone()
     _run(emu, inputs, info, config, grads, mode, seed)
     _run("ref", ref, info, config, grads, mode, seed)
-    _assert_equals_reference(inputs, ref, info)
+    assert_same_as_reference(inputs, ref, info)
     if HAS_CPU_KERNELS:
         _run("cpu", cpu, info, config, grads, mode, seed)
         for i, (g, w) in enumerate(zip(inputs.all_tensors(), cpu.all_tensors(), strict=True)):
