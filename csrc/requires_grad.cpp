@@ -44,12 +44,8 @@ int direct_getter(PyTypeObject* tensor_type, PyTypeObject* base, PyObject* name,
   return 0;
 }
 
-// 1 if `item` requires grad, 0 if not, -1 with Python's exception set.
-int requires_grad(PyObject* item, PyTypeObject* tensor_type, PyTypeObject* base, const PyGetSetDef* getter,
-                  PyObject* name) {
-  PyTypeObject* type = Py_TYPE(item);
-  PyObject* flag = getter != nullptr && (type == tensor_type || type == base) ? getter->get(item, getter->closure)
-                                                                             : PyObject_GetAttr(item, name);
+// 1 if `flag` (a new reference, or null with Python's exception set) is true, 0 if not, -1 on an error.
+int truth_of(PyObject* flag) {
   if (flag == nullptr) return -1;
   const int truth = flag == Py_False ? 0 : flag == Py_True ? 1 : PyObject_IsTrue(flag);
   Py_DECREF(flag);
@@ -57,26 +53,44 @@ int requires_grad(PyObject* item, PyTypeObject* tensor_type, PyTypeObject* base,
 }
 
 int any_in(PyObject* tensors, PyTypeObject* tensor_type, PyTypeObject* base, PyObject* name) {
-  const PyGetSetDef* getter = nullptr;
-  if (direct_getter(tensor_type, base, name, getter) < 0) return -1;
+  const PyGetSetDef* def = nullptr;
+  if (direct_getter(tensor_type, base, name, def) < 0) return -1;
+  // Without a direct getter no item's type matches: every item takes the attribute lookup.
+  PyTypeObject* const direct_a = def != nullptr ? tensor_type : nullptr;
+  PyTypeObject* const direct_b = def != nullptr ? base : nullptr;
+  getter get = def != nullptr ? def->get : nullptr;
+  void* const closure = def != nullptr ? def->closure : nullptr;
   // As a list iterator walks, each item is held while its flag is read, and the pass stops where the list ends
   // now: a __torch_function__ override or mode may run Python that changes the list. The size is read once and
   // again only on reaching it; a list that shrank ends the pass at the first index past its end (IndexError).
-  int found = 0;
   Py_ssize_t size = PyList_Size(tensors);
-  for (Py_ssize_t i = 0; found == 0; ++i) {
-    if (i >= size && i >= (size = PyList_Size(tensors))) break;
+  for (Py_ssize_t i = 0;; ++i) {
+    if (i >= size && i >= (size = PyList_Size(tensors))) return 0;
     PyObject* item = PyList_GetItem(tensors, i);
     if (item == nullptr) {
       PyErr_Clear();
-      break;
+      return 0;
     }
-    if (item == Py_None) continue;
+    PyTypeObject* type = Py_TYPE(item);
     Py_INCREF(item);
-    found = requires_grad(item, tensor_type, base, getter, name);
+    PyObject* flag;
+    if (type == direct_a || type == direct_b) {
+      flag = get(item, closure);  // the common case: a plain tensor, read without the attribute lookup
+      if (flag == Py_False) {  // a bool: immortal only from CPython 3.12, so its reference is still returned
+        Py_DECREF(flag);
+        Py_DECREF(item);
+        continue;
+      }
+    } else if (item == Py_None) {
+      Py_DECREF(item);
+      continue;
+    } else {
+      flag = PyObject_GetAttr(item, name);
+    }
     Py_DECREF(item);
+    const int found = truth_of(flag);
+    if (found != 0) return found;
   }
-  return found;
 }
 
 }  // namespace

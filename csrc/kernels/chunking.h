@@ -26,6 +26,9 @@ struct ChunkRef {
 template <typename SpanVec>
 std::vector<ChunkRef> list_chunks(const SpanVec& spans) {
   std::vector<ChunkRef> chunks;
+  size_t total = 0;  // counted first: growing the vector item by item reallocates and copies it log n times
+  for (size_t t = 0; t < spans.size(); ++t) total += size_t(chunks_of(spans[t].numel));
+  chunks.reserve(total);
   for (size_t t = 0; t < spans.size(); ++t) {
     const int64_t n = chunks_of(spans[t].numel);
     for (int64_t c = 0; c < n; ++c) chunks.push_back({int32_t(t), c * kChunkElems});

@@ -13,7 +13,6 @@ the public ops' calls and their memory checks (api.py), and `gradacc info`'s op 
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, fields
 from typing import ClassVar
@@ -79,7 +78,10 @@ class CoreOp:
 
     def empty(self) -> bool:
         """Whether every list is empty (the public op launches nothing)."""
-        return not any(map(getattr, itertools.repeat(self), self.LISTS))  # C-level: it runs on every call
+        for name in self.LISTS:  # runs on every call: a plain loop costs half of any(map(...)) here (callgrind)
+            if getattr(self, name):
+                return False
+        return True
 
     def tensor_args(self, outputs: bool) -> dict[str, Tensors | torch.Tensor | None]:
         """The tensor arguments (lists and single tensors, None where an optional one is absent) the op
