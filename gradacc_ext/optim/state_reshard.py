@@ -18,6 +18,9 @@ per param:
   CheckpointException), before DCP reads anything, the model's entries included. DCP's planning calls nothing of
   ours to word it better: only a str subclass could, and torch.load(weights_only=True) refuses one in a saved
   state_dict. load_state_dict refuses a state_dict given directly (`adapt_to_layout`), naming the param.
+
+Checkpoints written before the placeholder tensor hold LEGACY_FALLBACK_MAP (a str) there: they load as fallbacks
+still, but DCP loads them where the param is int8 unchecked, and load_state_dict refuses after DCP's writes.
 """
 
 from __future__ import annotations
@@ -36,10 +39,18 @@ if TYPE_CHECKING:
     from ._fused import FusedOptimizer
 
 
+LEGACY_FALLBACK_MAP = "fp32"  # a fallback's <key>_map in checkpoints written before `fallback_map`
+
+
 def fallback_map(device: torch.device) -> torch.Tensor:
     """A fallback's ``<key>_map`` placeholder: a tensor, so that DCP's planning refuses it where the loading state_dict
     holds an int8 state's code book name (a str), and a str where it holds this tensor."""
     return torch.zeros(1, device=device)
+
+
+def is_fallback_map(saved_map: Any) -> bool:
+    """Whether a saved ``<key>_map`` marks fp32 states of a fallback (`fallback_map`, or LEGACY_FALLBACK_MAP)."""
+    return isinstance(saved_map, torch.Tensor) or saved_map == LEGACY_FALLBACK_MAP
 
 
 def _placed(optimizer: FusedOptimizer, state_dict: dict[str, Any]) -> dict[Any, tuple[torch.Tensor, dict]]:
@@ -70,6 +81,16 @@ def add_fallback_companions(optimizer: FusedOptimizer, state_dict: dict[str, Any
     return state_dict
 
 
+def _written(saved_map: Any) -> str:
+    """What a refused fallback checkpoint has written: nothing, but DCP loads a legacy one (a str map) unchecked."""
+    if isinstance(saved_map, torch.Tensor):
+        return "nothing was written"
+    return (
+        "if DCP loaded this checkpoint (written before the placeholder tensors), it has cast those values into this "
+        "optimizer's codes: build a new optimizer"
+    )
+
+
 def adapt_to_layout(optimizer: FusedOptimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
     """`state_dict` with each state in the storage its param has here (see the module), or a ValueError."""
     if len(state_dict.get("param_groups", [])) != len(optimizer.param_groups):
@@ -84,18 +105,18 @@ def adapt_to_layout(optimizer: FusedOptimizer, state_dict: dict[str, Any]) -> di
         saved = dict(saved)
         for slot, key in enumerate(optimizer._state_keys):
             saved_map = saved.get(key + MAP)
-            if isinstance(saved_map, torch.Tensor) and storage_of(param, group) == "int8":
+            if is_fallback_map(saved_map) and storage_of(param, group) == "int8":
                 raise ValueError(
                     f"{name}.load_state_dict: {key} of param {pid} (shape {list(param.shape)}) was saved in fp32 "
                     "states (its FSDP2 shards were not block-aligned there), but its shards here are, so it would "
-                    "load as int8 codes; nothing was written. Load this checkpoint at a layout where the param falls "
-                    "back too (the saving one) and convert it there with state_convert.to_torch_state_dict / "
+                    f"load as int8 codes; {_written(saved_map)}. Load this checkpoint at a layout where the param "
+                    "falls back too (the saving one) and convert it there with state_convert.to_torch_state_dict / "
                     "from_torch_state_dict; docs/optimizer-states.md"
                 )
             if not fallback_here or saved_map is None:
                 continue
             scales, _ = saved.pop(key + SCALES, None), saved.pop(key + MAP)
-            if isinstance(saved_map, str):  # int8 saved: codes and scales
+            if not is_fallback_map(saved_map):  # int8 saved: codes and scales
                 signed = optimizer._record.SIGNED[slot]
                 if saved_map != map_name(signed) or not isinstance(scales, torch.Tensor):
                     raise ValueError(
