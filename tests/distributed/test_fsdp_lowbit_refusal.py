@@ -7,9 +7,9 @@ are bit for bit what they were. The same state_dict given to load_state_dict dir
 from __future__ import annotations
 
 import pytest
-import torch
 from _dist import launch, needs_gloo
 from _lowbit_dist import ALIGNED_ON_2, batches, dcp_load, dcp_save, make_opt, mixed_model, sharded, train
+from _state_snapshot import changed, snapshot
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.device_mesh import init_device_mesh
 
@@ -18,29 +18,6 @@ from gradacc_ext.optim.state_shards import int8_fallback_reason
 pytestmark = [pytest.mark.distributed, needs_gloo]
 # DCP's planning error: the checkpoint holds a fallback's placeholder tensor where this state_dict has a code book name
 REFUSED = r"Invalid checkpoint metadata for optim\.state\.0\.bias\.exp_avg_map, expected BytesStorageMetadata"
-
-
-def snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, object]:
-    """Every param, every optimizer state entry and every group key, copied, by name."""
-    taken: dict[str, object] = {}
-    for name, p in model.named_parameters():
-        taken[name] = p.detach().clone()
-        for key, value in opt.state[p].items():
-            taken[f"state {name} {key}"] = value.clone() if isinstance(value, torch.Tensor) else value
-    for g, group in enumerate(opt.param_groups):
-        taken.update({f"group {g} {key}": value for key, value in group.items() if key != "params"})
-    return taken
-
-
-def changed(before: dict[str, object], after: dict[str, object]) -> list[str]:
-    """The entries that differ in value, dtype or type (or exist on one side only)."""
-
-    def same(old: object, new: object) -> bool:
-        if isinstance(old, torch.Tensor):
-            return isinstance(new, torch.Tensor) and old.dtype == new.dtype and torch.equal(old, new)
-        return type(old) is type(new) and old == new
-
-    return sorted(set(before) ^ set(after)) + [k for k in before if k in after and not same(before[k], after[k])]
 
 
 def refusal_worker(rank: int, world: int, ckpt: str) -> None:
