@@ -15,9 +15,10 @@ Different shapes: DCP's planner refuses ("Size mismatch between saved torch.Size
 ``<key>_map`` (a str) make a checkpoint without them, or with a fallback's placeholder map (a tensor), refused
 too (state_reshard.py); FSDP2 fallbacks count as int8 here, since an int8 state loads into one (dequantized).
 
-`read_storage_tags` turns the tags back into names at load_state_dict. A checkpoint from before the tags holds a
-str there, which DCP loads by replacing the loading tag, unchecked: it is refused (by state_load.check_loadable)
-only after DCP has written its values.
+`read_storage_tags` turns the tags back into names at load_state_dict. The tag takes the name's key, not a new
+one, so that checkpoints from before the tags still load: DCP refuses a key its checkpoint lacks ("Missing key"),
+but replaces the loading tag with the name saved at this one (a bytes entry), unchecked -- such a checkpoint in
+another storage is refused (state_load.check_loadable) only after DCP has written its values.
 """
 
 from __future__ import annotations
