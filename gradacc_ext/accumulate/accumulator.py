@@ -12,7 +12,8 @@ window's gradient SUM) with WindowSums (which views hold it; each backward a tra
 (folds gradients into it in buckets while backward runs), Window (normaliser, weights, micro-step
 count), Backprop (one backward into the window), WindowEnd (the window's end, as one sequence) with
 OptimizerStepper (step, deferred scheduler step) and Checkpoint. attach() builds them (attachment.py: the
-two construction phases); its reads are reads.py's, the guides' call shapes guide_calls.py's.
+two construction phases); its reads are reads.py's, the guides' call shapes guide_calls.py's, the order
+its calls must come in (and the lost window's refusal) call_order.py's, iterate()'s look-ahead look_ahead.py's.
 It owns hooks on its parameters: use it as a context manager or call close() (garbage collection
 removes them too).
 """
@@ -30,11 +31,13 @@ from ..distributed.grad_sync import grad_sync_for
 from .attachment import SetByAttach, check_attach, sort_construction
 from .backprop import Backprop
 from .buffers import GradBuffers
+from .call_order import CallOrder
 from .checkpoint import Checkpoint
 from .config import GradientAccumulationConfig
 from .guide_calls import GuideCalls
 from .hooks import GradHooks
 from .linear_fusion import LinearFusion
+from .look_ahead import LoaderLookAhead
 from .loss_checks import MigrationChecks
 from .loss_scale import LossScale
 from .params import check_optimizer, trainable
@@ -45,7 +48,6 @@ from .window import Window, check_loss
 from .window_end import WindowEnd
 
 LossFn = Callable[[Any, Any], "torch.Tensor | tuple[torch.Tensor, int | torch.Tensor]"]
-_END = object()  # iterate(): past the loader's last batch
 
 
 class GradientAccumulator(AccumulatorReads, GuideCalls):
@@ -78,11 +80,8 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
     ) -> None:
         model_or_params, self.config = sort_construction(model_or_params, config)
         self.attached = False
-        self._in_micro_step = False
-        self._closing = False  # micro_step(last=True): this micro-batch closes the window
-        self._data_ends = False  # iterate(): the batch it yielded is the loader's last
-        self._backward_done = False
-        self._lost_window = False  # a failed backward discarded the open window: refuse until discard_window()
+        self._order = CallOrder()
+        self._data = LoaderLookAhead()  # iterate(): whether the batch it yielded is the loader's last
         if model_or_params is not None or optimizer is not None:
             self.attach(model_or_params, optimizer, scheduler, scaler)
         elif scheduler is not None or scaler is not None:
@@ -96,11 +95,7 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
         scaler: torch.amp.GradScaler | None = None,
     ) -> None:
         """Gives the accumulator its model and optimizer (once): builds the window and registers the hooks."""
-        check_attach(self.attached, model_or_params, optimizer)
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"GradientAccumulator: optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
-        if scheduler is not None and not callable(getattr(scheduler, "step", None)):
-            raise TypeError(f"GradientAccumulator: scheduler must have a step() method, got {type(scheduler)}")
+        check_attach(self.attached, model_or_params, optimizer, scheduler)
         module, params = trainable(model_or_params)
         check_optimizer(module, params, optimizer)  # before anything is set: a refused pair leaves no trace
         c = self.config
@@ -146,36 +141,10 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
 
     # -- running micro-batches --------------------------------------------------------------------------------------
 
-    @property
-    def accumulation_steps(self) -> int:
-        return int(self.config.accumulation_steps)
-
-    @property
-    def sync_gradients(self) -> bool:
-        """True when the next backward closes the window (Accelerate's name)."""
-        return self._data_ends or self._window.micro + 1 == self.accumulation_steps
-
     def iterate(self, loader: Iterable) -> Iterator[Any]:
         """Yields the loader's batches, fetching one ahead (Accelerate's end_of_dataloader): the last batch's
         micro-step closes the window as micro_step(last=True) does, so the short last window needs no flush()."""
-        try:
-            batches = iter(loader)  # here, not in the generator: a bad loader fails at the call that passed it
-        except TypeError:
-            raise TypeError(
-                f"GradientAccumulator.iterate: loader must be an iterable of batches (a DataLoader, a list), "
-                f"got {type(loader).__name__}"
-            ) from None
-        return self._look_ahead(batches)
-
-    def _look_ahead(self, batches: Iterator[Any]) -> Iterator[Any]:
-        ahead = next(batches, _END)
-        try:
-            while ahead is not _END:
-                batch, ahead = ahead, next(batches, _END)
-                self._data_ends = ahead is _END
-                yield batch
-        finally:
-            self._data_ends = False
+        return self._data.iterate(loader)
 
     @contextlib.contextmanager
     def micro_step(self, last: bool = False) -> Iterator[GradientAccumulator]:
@@ -196,19 +165,18 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
         other OOM gives up the step: every other rank raises PeerOutOfMemoryError
         naming this one (distributed/failures.py, peer_watch.py, docs/distributed.md).
         """
-        if self._in_micro_step:
-            raise RuntimeError("GradientAccumulator.micro_step() cannot be nested")
-        self._in_micro_step, self._backward_done, self._closing = True, False, bool(last)
+        self._order.enter_micro_step(last)
         try:
-            sync = self._sync.context(self.sync_gradients or self._closing)  # may refuse first (FSDP2, DDP overlap)
-            self._refuse_lost_window("micro_step")
+            closes = self.sync_gradients or self._order.closing
+            sync = self._sync.context(closes)  # may refuse first (FSDP2, DDP overlap)
+            self._order.refuse_lost_window("micro_step")
             with told_to_peers(self._sync.reduces), sync, self._autocast():  # reduces: a data-parallel strategy
                 yield self
         except BaseException:
             self._backprop.drop_grads()
             raise
         finally:
-            self._in_micro_step = self._closing = False
+            self._order.leave_micro_step()
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         mode = self.config.mixed_precision
@@ -224,18 +192,9 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
           tensor (never read on the host); required in "sum" mode; in "mean" mode,
           when given for every micro-batch, micro-batches are weighted by it.
         """
-        if self._sync.needs_context and not self._in_micro_step:
-            raise RuntimeError(
-                "GradientAccumulator.backward: with a DistributedDataParallel model the forward and backward must "
-                "run inside `with acc.micro_step():` (DDP decides during forward whether to all-reduce)"
-            )
-        if self._hooks.closed:
-            raise RuntimeError("GradientAccumulator.backward: the accumulator is closed")
-        self._refuse_lost_window("backward")
-        if self._in_micro_step and self._backward_done:
-            raise RuntimeError("GradientAccumulator.backward: called twice inside one micro_step()")
+        self._order.check_backward(self._sync.needs_context, self._hooks.closed)
         check_loss(loss)
-        self._checks(loss, self._in_micro_step)
+        self._checks(loss, self._order.in_micro_step)
         return self._backward_into_window(loss, num_items)
 
     def _backward_into_window(
@@ -250,8 +209,8 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
         the backward that completes a micro-batch counts as a micro-step and can close the window (unless
         may_close=False: an earlier micro-batch of the window, replayed)."""
         weight, count = self._window.weight(num_items, share)
-        final = completes and may_close and (self._closing or self.sync_gradients)
-        with told_to_peers(self._sync.reduces and not self._in_micro_step):  # inside one, micro_step() tells
+        final = completes and may_close and (self._order.closing or self.sync_gradients)
+        with told_to_peers(self._sync.reduces and not self._order.in_micro_step):  # inside one, micro_step() tells
             try:
                 self._backprop.run(
                     loss, weight, count, weighted=num_items is not None, completes_micro_batch=completes, final=final
@@ -260,26 +219,15 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
                 if self._backprop.discarded:
                     self._window_discarded(error)
                 raise
-            self._backward_done = True
+            self._order.backward_done = True
             if final:
                 self._end.close(self._window)
         return final
 
     def _window_discarded(self, error: BaseException) -> None:
-        """A failed backward had added into earlier micro-steps' sums: the open window was discarded. Going on
-        (a retried micro-batch) would close a window without the earlier micro-batches, silently wrong (the
-        seam matrix, tests/seams), so the accumulator refuses until the caller drops the window knowingly."""
-        self._lost_window = True
-
-    def _refuse_lost_window(self, where: str) -> None:
-        if self._lost_window:
-            raise RuntimeError(
-                f"GradientAccumulator.{where}: the open window was lost: a backward failed after part of its "
-                "gradient was added into earlier micro-steps' sums, which cannot be undone exactly without a copy "
-                "of them (docs/memory.md), so a retry would close a window without those micro-batches. Call "
-                "discard_window() to drop it and start a new window, or restart from the last checkpoint "
-                "(AdaptiveGradientAccumulator.step_batch runs the window again itself)"
-            )
+        """A failed backward had added into earlier micro-steps' sums: the open window was discarded, and the
+        accumulator refuses to go on until the caller drops it (call_order.py; the adaptive one replays it)."""
+        self._order.window_lost = True
 
     def step_batch(self, batch: Any, loss_fn: LossFn) -> bool:
         """One micro-batch through a callable: loss_fn(model, batch) -> loss or (loss, num_items)."""
@@ -294,9 +242,8 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
         Call it at the end of an epoch or of training; calling it again is a
         no-op. Under DDP every rank must call it with the same window length.
         """
-        if self._in_micro_step:
-            raise RuntimeError("GradientAccumulator.flush: called inside micro_step(); call it after the micro-batch")
-        self._refuse_lost_window("flush")
+        self._order.refuse_inside_micro_step("flush", "; call it after the micro-batch")
+        self._order.refuse_lost_window("flush")
         self._stepper.resolve()
         if self._window.micro == 0:
             return False
@@ -312,11 +259,10 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
 
     def discard_window(self) -> None:
         """Drops the open window's gradients without an optimizer step (after an error mid-window)."""
-        if self._in_micro_step:
-            raise RuntimeError("GradientAccumulator.discard_window: called inside micro_step()")
+        self._order.refuse_inside_micro_step("discard_window")
         self._buffers.release()
         self._window.reset()
-        self._lost_window = False
+        self._order.window_lost = False
 
     # -- checkpointing ----------------------------------------------------------------------------------------------
 
@@ -326,10 +272,9 @@ class GradientAccumulator(AccumulatorReads, GuideCalls):
         replicated=True: one plain state that every rank can load, for frameworks that save rank 0's file alone
         (Lightning under DDP); only at a window boundary (raises mid-window, changing nothing).
         """
-        if self._in_micro_step:
-            raise RuntimeError("GradientAccumulator.state_dict: called inside micro_step()")
+        self._order.refuse_inside_micro_step("state_dict")
         return self._checkpoint.state_dict(replicated)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._checkpoint.load_state_dict(state)
-        self._lost_window = False  # the loaded window replaces the lost one
+        self._order.window_lost = False  # the loaded window replaces the lost one

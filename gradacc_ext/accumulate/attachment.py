@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from .config import GradientAccumulationConfig
 
 
@@ -51,10 +53,14 @@ def sort_construction(model_or_params: Any, config: Any) -> tuple[Any, Any]:
     return model_or_params, config
 
 
-def check_attach(attached: bool, model_or_params: Any, optimizer: Any) -> None:
-    """attach() runs once, with the model (or parameters) and the optimizer both given."""
+def check_attach(attached: bool, model_or_params: Any, optimizer: Any, scheduler: Any) -> None:
+    """attach() runs once, with the model (or parameters) and an optimizer both given, and a steppable scheduler."""
     if attached:
         raise RuntimeError("GradientAccumulator.attach: the accumulator already has its model and optimizer")
     for name, value in (("model_or_params", model_or_params), ("optimizer", optimizer)):
         if value is None:
             raise TypeError(f"GradientAccumulator: {name} is missing (give the model and the optimizer together)")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"GradientAccumulator: optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
+    if scheduler is not None and not callable(getattr(scheduler, "step", None)):
+        raise TypeError(f"GradientAccumulator: scheduler must have a step() method, got {type(scheduler)}")

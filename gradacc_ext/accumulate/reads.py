@@ -1,8 +1,8 @@
 """The accumulator's read side: counters, loss scale, the window's state, norm history and callbacks.
 
 Part of GradientAccumulator (its base class). A read's only effect is resolving a deferred fused step
-(one host read); before attach() each read raises NotAttachedError (attachment.py). The guides' stats
-dicts (guide_reports.py) are built from these reads.
+(one host read); before attach() each read but accumulation_steps raises NotAttachedError (attachment.py).
+The guides' stats dicts (guide_reports.py) are built from these reads.
 """
 
 from __future__ import annotations
@@ -15,7 +15,16 @@ from .stats import StepInfo, WindowState
 
 
 class AccumulatorReads:
-    """What GradientAccumulator reports; every value comes from the collaborators attach() built."""
+    """What GradientAccumulator reports; every value comes from its config or the collaborators attach() built."""
+
+    @property
+    def accumulation_steps(self) -> int:
+        return int(self.config.accumulation_steps)
+
+    @property
+    def sync_gradients(self) -> bool:
+        """True when the next backward closes the window (Accelerate's name)."""
+        return self._data.ends or self._window.micro + 1 == self.accumulation_steps
 
     @property
     def last_step_skipped(self) -> bool | None:

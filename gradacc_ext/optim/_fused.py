@@ -37,6 +37,7 @@ from .state_storage import (
     stored_dtype,
     with_fallbacks,
 )
+from .state_tag import add_storage_tags, read_storage_tags
 
 PARAM_MODES = tuple(MODES)
 DEFAULT_PARAM_MODE = "master"
@@ -91,7 +92,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         defaults = {**defaults, "state_dtype": state_dtype, "int8_min_numel": int8_min_numel, "seed": int(seed)}
         self.check_group(defaults)
         super().__init__(params, defaults)
-        self.register_state_dict_post_hook(add_fallback_companions)  # FSDP2 layouts: state_reshard.py
+        for hook in (add_fallback_companions, add_storage_tags):  # FSDP2 layouts; state_dtype tags for DCP
+            self.register_state_dict_post_hook(hook)  # in this order: the tags replace the names the first reads
         self.max_grad_norm = max_grad_norm
         self.param_mode = param_mode
         self.seed = int(seed)  # the default of every group's "seed"
@@ -133,7 +135,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         with float32 scales in the low-bit storages, the step count a float32 tensor beside its param), so the
         saved tensors are re-read exactly. A state that does not fit its param and storage is refused before
         anything is written (state_load.check_loadable)."""
-        state_dict = adapt_to_layout(self, state_dict)  # saved at another FSDP2 layout: state_reshard.py
+        state_dict = adapt_to_layout(self, read_storage_tags(self, state_dict))  # state_tag.py, state_reshard.py
         check_loadable(self, state_dict)
         super().load_state_dict(state_dict)
         saved_ids = (pid for group in state_dict["param_groups"] for pid in group["params"])

@@ -2,16 +2,25 @@
 
 A param quantizes exactly only where its shards are block-aligned (state_shards.py); elsewhere its int8 group
 keeps it in fp32 states. torch.distributed.checkpoint (DCP) loads into the tensors of the loading optimizer's own
-state_dict and casts what it reads to their dtype, so a state saved in one storage can arrive in the other's
-tensors. To tell them apart, the state_dict of a param that fell back carries the int8 companions too
-(`add_fallback_companions`): ``<key>_scales`` (zeros, laid out as an int8 state's) and ``<key>_map`` =
-FALLBACK_MAP. At load (`adapt_to_layout`, before the checks of state_load.py):
+state_dict, in place, and casts what it reads to their dtype, so a state saved in one storage can arrive in the
+other's tensors. To tell them apart, the state_dict of a param that fell back carries the int8 companions too
+(`add_fallback_companions`, the state_dict post-hook): ``<key>_scales`` (zeros, laid out as an int8 state's) and
+``<key>_map`` a placeholder TENSOR (`fallback_map`) where an int8 state has its code book's name, a str. At load,
+per param:
 
 * int8 saved, fp32 here: the codes (cast to float exactly by DCP, or uint8) are dequantized with the saved scales
-  into fp32 states, exactly the values the step would have read; the run continues from them in fp32.
+  into fp32 states (`adapt_to_layout`, before the checks of state_load.py), exactly the values the step would
+  have read; the run continues from them in fp32.
 * fp32 saved (a fallback there), fp32 here: loaded as they are, the companions dropped.
-* fp32 saved (a fallback there), int8 here: refused, naming the param -- DCP has already cast the fp32 values
-  into this optimizer's uint8 codes, which cannot be undone (build a new optimizer; see the docs for the ways).
+* fp32 saved (a fallback there), int8 here: refused before anything is written. Under DCP its load planning
+  refuses it, because the checkpoint holds a tensor where this optimizer's state_dict holds a str: a ValueError
+  "Invalid checkpoint metadata for <prefix>.state.<param>.<key>_map, expected BytesStorageMetadata ..." (in a
+  CheckpointException), before DCP reads anything, the model's entries included. DCP's planning calls nothing of
+  ours to word it better: only a str subclass could, and torch.load(weights_only=True) refuses one in a saved
+  state_dict. load_state_dict refuses a state_dict given directly (`adapt_to_layout`), naming the param.
+
+Checkpoints written before the placeholder tensor hold LEGACY_FALLBACK_MAP (a str) there: they load as fallbacks
+still, but DCP loads them where the param is int8 unchecked, and load_state_dict refuses after DCP's writes.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..ops.quant_maps import BLOCK, NAMES, code_values, map_name
+from ..ops.quant_maps import BLOCK, code_values, map_name
 from .shards import is_sharded
 from .state_shards import scales_placements
 from .state_storage import MAP, SCALES, int8_fallback, storage_of
@@ -29,7 +38,19 @@ from .state_storage import MAP, SCALES, int8_fallback, storage_of
 if TYPE_CHECKING:
     from ._fused import FusedOptimizer
 
-FALLBACK_MAP = "fp32"  # a fallback's <key>_map: its <key> holds fp32 values, its <key>_scales are placeholders
+
+LEGACY_FALLBACK_MAP = "fp32"  # a fallback's <key>_map in checkpoints written before `fallback_map`
+
+
+def fallback_map(device: torch.device) -> torch.Tensor:
+    """A fallback's ``<key>_map`` placeholder: a tensor, so that DCP's planning refuses it where the loading state_dict
+    holds an int8 state's code book name (a str), and a str where it holds this tensor."""
+    return torch.zeros(1, device=device)
+
+
+def is_fallback_map(saved_map: Any) -> bool:
+    """Whether a saved ``<key>_map`` marks fp32 states of a fallback (`fallback_map`, or LEGACY_FALLBACK_MAP)."""
+    return isinstance(saved_map, torch.Tensor) or saved_map == LEGACY_FALLBACK_MAP
 
 
 def _placed(optimizer: FusedOptimizer, state_dict: dict[str, Any]) -> dict[Any, tuple[torch.Tensor, dict]]:
@@ -42,7 +63,7 @@ def _placed(optimizer: FusedOptimizer, state_dict: dict[str, Any]) -> dict[Any, 
 
 
 def add_fallback_companions(optimizer: FusedOptimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
-    """state_dict post-hook: each fallback's state gets placeholder scales and FALLBACK_MAP (see the module)."""
+    """state_dict post-hook: each fallback's state gets placeholder scales and map (see the module)."""
     for pid, (param, group) in _placed(optimizer, state_dict).items():
         saved = state_dict["state"].get(pid)
         if saved is None or int8_fallback(param, group) is None:
@@ -55,9 +76,19 @@ def add_fallback_companions(optimizer: FusedOptimizer, state_dict: dict[str, Any
                 blocks = -(-param.numel() // BLOCK)
                 placements = scales_placements(tuple(param.placements))
                 extra[key + SCALES] = zeros(blocks, device_mesh=param.device_mesh, placements=placements)
-                extra[key + MAP] = FALLBACK_MAP
+                extra[key + MAP] = fallback_map(param.device)
         state_dict["state"][pid] = {**saved, **extra}  # a new dict: the live state keeps no placeholder
     return state_dict
+
+
+def _written(saved_map: Any) -> str:
+    """What a refused fallback checkpoint has written: nothing, but DCP loads a legacy one (a str map) unchecked."""
+    if isinstance(saved_map, torch.Tensor):
+        return "nothing was written"
+    return (
+        "if DCP loaded this checkpoint (written before the placeholder tensors), it has cast those values into this "
+        "optimizer's codes: build a new optimizer"
+    )
 
 
 def adapt_to_layout(optimizer: FusedOptimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -74,18 +105,18 @@ def adapt_to_layout(optimizer: FusedOptimizer, state_dict: dict[str, Any]) -> di
         saved = dict(saved)
         for slot, key in enumerate(optimizer._state_keys):
             saved_map = saved.get(key + MAP)
-            if saved_map == FALLBACK_MAP and storage_of(param, group) == "int8":
+            if is_fallback_map(saved_map) and storage_of(param, group) == "int8":
                 raise ValueError(
                     f"{name}.load_state_dict: {key} of param {pid} (shape {list(param.shape)}) was saved in fp32 "
-                    "states (its FSDP2 shards were not block-aligned there), but its shards here are, so it "
-                    "would load as int8 codes: DCP has cast the fp32 values into them. Load this checkpoint at a "
-                    "layout where the param falls back too, or convert it there with state_convert."
-                    "to_torch_state_dict / from_torch_state_dict; docs/optimizer-states.md"
+                    "states (its FSDP2 shards were not block-aligned there), but its shards here are, so it would "
+                    f"load as int8 codes; {_written(saved_map)}. Load this checkpoint at a layout where the param "
+                    "falls back too (the saving one) and convert it there with state_convert.to_torch_state_dict / "
+                    "from_torch_state_dict; docs/optimizer-states.md"
                 )
             if not fallback_here or saved_map is None:
                 continue
             scales, _ = saved.pop(key + SCALES, None), saved.pop(key + MAP)
-            if saved_map in NAMES:
+            if not is_fallback_map(saved_map):  # int8 saved: codes and scales
                 signed = optimizer._record.SIGNED[slot]
                 if saved_map != map_name(signed) or not isinstance(scales, torch.Tensor):
                     raise ValueError(
