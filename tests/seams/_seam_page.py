@@ -19,7 +19,14 @@ from _seam_table import (
     verdict,
 )
 
-GRIDS = (("path", "parallel"), ("entry", "parallel"), ("event", "parallel"), ("precision", "entry"))
+GRIDS = (
+    ("path", "parallel"),
+    ("entry", "parallel"),
+    ("event", "parallel"),
+    ("precision", "entry"),
+    ("state_dtype", "parallel"),
+    ("state_dtype", "entry"),
+)
 
 
 def _rules() -> dict[tuple[str, str], list[Cell]]:
@@ -92,7 +99,8 @@ def render() -> str:
         out += [f"| {name} | `{v}` | {MEANING[v]} |" for v in values]
     out += ["", "## Refused, and not built", "",
             "Every combination not listed equals the plain loop (`yes` in the grids). `R`: refused with a clear",
-            "error before anything is written; `A`: not built by the harness (a gap, named here).", "",
+            "error before anything is written; `A`: not built by the harness (a gap, named here), or no such",
+            "combination (low-bit states on torch's optimizers or on the fp32 path's float64 params).", "",
             "| rule | where | why |", "|---|---|---|"]  # fmt: skip
     for key in sorted(rules):
         out.append(f"| {labels[key]} | {_scope(rules[key])} | {key[1]} |")
