@@ -123,12 +123,13 @@ def verdict(cell: Cell) -> Verdict:
     if c.entry == "lightning" and c.parallel == "ddp_overlap":
         return Verdict("refused", "Lightning prepares DDP's reducer only in manual_backward(), not in the "
                        "accumulator's backward", r"ddp_reduce='overlap' needs DDP's reducer")  # fmt: skip
-    if c.path == "adaptive" and c.parallel == "ddp_overlap":
-        return Verdict("refused", "DDP reduces during the closing backward; a micro-batch split in chunks has several",
-                       r"split micro-batches \(AdaptiveGradientAccumulator\) need ddp_reduce='buffer'")  # fmt: skip
+    # before the next rule: under DDP overlap the OOM in a micro-batch's second chunk is refused before the split is
     if c.path == "adaptive" and c.parallel in COLLECTIVE_MODES and c.event in ("oom_forward", "oom_backward"):
         return Verdict("refused", "collectives run inside the micro-step: one rank cannot split alone",
                        r"so this rank cannot split alone")  # fmt: skip
+    if c.path == "adaptive" and c.parallel == "ddp_overlap":
+        return Verdict("refused", "DDP reduces during the closing backward; a micro-batch split in chunks has several",
+                       r"split micro-batches \(AdaptiveGradientAccumulator\) need ddp_reduce='buffer'")  # fmt: skip
     if c.parallel == "ddp_overlap" and c.event == "oom_backward":
         return Verdict("refused", "the closing backward raised part-way: DDP's reducer is mid-reduction and the "
                        "window's sums (param.grad) hold part of it, so the retry is refused",
@@ -183,6 +184,7 @@ REGRESSION_CELLS = (
     Cell("adaptive", "hsdp", "bf16", "core", "adamw", "none"),  # chunks sharing autocast's cast cache
     Cell("hooks", "local", "fp32", "accelerate", "fused_adamw", "none"),  # AcceleratedOptimizer in fused_step_for
     Cell("adaptive", "local", "bf16", "core", "fused_adamw", "oom_backward"),  # the plain loop's chunks after a replay
+    Cell("adaptive", "ddp_overlap", "fp32", "core", "adamw", "oom_forward"),  # which refusal comes first
 )
 
 
