@@ -1,7 +1,7 @@
 """THE one place where seam cells that fail on today's code are marked, each with the finding (issue 27's, or a
-documented limit of a feature) that explains it: a rule here gives its cells xfail(strict=True), so once the finding's fix is merged the cell
-passes, its strict mark fails the run, and the rule is deleted (findings 1 and 3 were marked here until their
-fixes reached main)."""
+documented limit of a feature) that explains it: a rule here gives its cells xfail(strict=True), so once the
+finding's fix is merged the cell passes, its strict mark fails the run, and the rule is deleted (findings 1 and 3
+were marked here until their fixes reached main)."""
 
 from __future__ import annotations
 
