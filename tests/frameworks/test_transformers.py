@@ -17,6 +17,7 @@ from gradacc_ext.optim import FusedAdamW  # noqa: E402
 pytestmark = pytest.mark.frameworks
 CLIP = 0.5  # below every window's gradient norm here (0.64-1.12 unclipped): every step clips
 VOCAB, SEQ, BATCH, STEPS = 61, 12, 2, 3
+STORED_AS = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.uint8}  # a state_dtype's exp_avg
 
 
 def tiny_gpt2() -> torch.nn.Module:
@@ -134,10 +135,11 @@ def test_transformers_num_items_in_batch_window_mean(tmp_path) -> None:
         torch.testing.assert_close(got, p.grad, rtol=1e-5, atol=1e-5 * scale, msg=lambda m, n=name: f"{n}: {m}")
 
 
-@pytest.mark.parametrize("state_dtype", ["fp32", "int8"])
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16", "int8"])
 def test_transformers_resume_round_trips_fused_adamw_state(tmp_path, state_dtype) -> None:
     """Save at step 2 of 4, resume from that checkpoint in a fresh Trainer: the parameters and our
-    optimizer's state equal the uninterrupted run's (int8: every tensor quantized, codes and scales)."""
+    optimizer's state equal the uninterrupted run's (int8: every tensor quantized, codes and scales; bf16: its
+    stochastic rounding continues from the step count)."""
     options = {"state_dtype": state_dtype, "int8_min_numel": 0}
     model = tiny_gpt2()
     start = params_of(model)
@@ -155,5 +157,5 @@ def test_transformers_resume_round_trips_fused_adamw_state(tmp_path, state_dtype
     for pid, state in want_state["state"].items():
         for key in ("step", "exp_avg", "exp_avg_sq", *(("exp_avg_scales",) if state_dtype == "int8" else ())):
             torch.testing.assert_close(got_state["state"][pid][key], state[key], rtol=1e-5, atol=1e-7)
-        assert state["exp_avg"].dtype == (torch.uint8 if state_dtype == "int8" else torch.float32)
+        assert state["exp_avg"].dtype == STORED_AS[state_dtype]
     assert float(want_state["state"][0]["step"]) == 4.0

@@ -14,7 +14,8 @@ import time
 
 import torch
 from _cases import OOMInBackward
-from _seam_table import Cell
+from _seam_states import hidden_width, optimizer_options, reference_params
+from _seam_table import FSDP_MODES, Cell
 
 IN, HIDDEN, OUT = 5, 6, 3
 ROWS = 4  # rows per rank per micro-batch (the adaptive path splits them into chunks of CHUNK)
@@ -59,7 +60,8 @@ def model_dtype(cell: Cell) -> torch.dtype:
 
 def make_model(cell: Cell, rank: int = 0) -> torch.nn.Sequential:
     torch.manual_seed(SEED)
-    layers = [torch.nn.Linear(IN, HIDDEN), torch.nn.Tanh(), Injector(cell.event, rank), torch.nn.Linear(HIDDEN, OUT)]
+    width = hidden_width(cell, HIDDEN)
+    layers = [torch.nn.Linear(IN, width), torch.nn.Tanh(), Injector(cell.event, rank), torch.nn.Linear(width, OUT)]
     return torch.nn.Sequential(*layers).to(model_dtype(cell))
 
 
@@ -83,9 +85,9 @@ def make_optimizer(cell: Cell, params) -> torch.optim.Optimizer:
     from gradacc_ext.optim import FusedAdamW, FusedLion
 
     if cell.optimizer == "fused_adamw":
-        return FusedAdamW(params, lr=0.03, weight_decay=0.1)
+        return FusedAdamW(params, lr=0.03, weight_decay=0.1, **optimizer_options(cell))
     if cell.optimizer == "fused_lion":
-        return FusedLion(params, lr=3e-3, weight_decay=0.1)
+        return FusedLion(params, lr=3e-3, weight_decay=0.1, **optimizer_options(cell))
     if cell.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=0.03, weight_decay=0.1)
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)
@@ -124,14 +126,18 @@ def mse(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tor
 
 def chunk_rows(cell: Cell, micro: int) -> list[int]:
     """The rows of each piece micro-batch `micro` runs in: the adaptive path's chunks of CHUNK rows; after its
-    injected OOM (at forward call EVENT_AT, micro-batch 0's second chunk) that chunk runs as two halves and
-    every later micro-batch in chunks of CHUNK // 2 rows (the size it keeps)."""
+    injected OOM (at forward call EVENT_AT, micro-batch 0's second chunk) every later chunk has CHUNK // 2 rows
+    (the size it keeps). An OOM in forward splits only the failed chunk, so micro-batch 0 keeps its first chunk;
+    one in backward loses the window's sums (the first chunk's among them), so micro-batch 0 runs again from its
+    first row in halves (window_replay.py)."""
     if cell.path != "adaptive":
         return [ROWS]
     if cell.event not in ("oom_forward", "oom_backward"):
         return [CHUNK] * (ROWS // CHUNK)
     half = CHUNK // 2
-    return [CHUNK] + [half] * ((ROWS - CHUNK) // half) if micro == 0 else [half] * (ROWS // half)
+    if micro == 0 and cell.event == "oom_forward":
+        return [CHUNK] + [half] * ((ROWS - CHUNK) // half)
+    return [half] * (ROWS // half)
 
 
 class _Fp32WeightGrad(torch.autograd.Function):
@@ -160,9 +166,10 @@ def _fp32_weight_grads(model: torch.nn.Sequential) -> None:
 def reference(cell: Cell, world: int) -> list[torch.Tensor]:
     """The plain loop (module docstring): the parameters it ends with."""
     model = make_model(cell._replace(event="none"))
-    if cell.path == "fusion" and low_precision(cell):
+    # FSDP2's DTensor params are left to the hooks path by the fusion (docs/linear-fusion.md): 16-bit weight grads
+    if cell.path == "fusion" and low_precision(cell) and cell.parallel not in FSDP_MODES:
         _fp32_weight_grads(model)
-    opt = make_optimizer(cell, model.parameters())
+    opt = make_optimizer(cell, reference_params(cell, model))
     sched = make_scheduler(opt)
     scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE) if cell.precision.startswith("fp16") else None
     batches = samples(cell, world)

@@ -24,6 +24,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from _seam_cells import TOL, low_precision, reference, trained
+from _seam_states import boundary_flips_allowed, storage_problem
 from _seam_table import Cell, verdict
 
 from gradacc_ext.distributed import oom_records
@@ -40,18 +41,26 @@ def _snapshot(parts) -> list[torch.Tensor]:
     return [t.detach().clone() for t in (*trained(model, opt)[: len(list(model.parameters()))], *states)]
 
 
-def _compare(cell: Cell, model: torch.nn.Module, opt: torch.optim.Optimizer, world: int) -> str:
-    """ "" when the parameters and optimizer state equal the plain loop's, else what differs."""
+def _compare(cell: Cell, model: torch.nn.Module, opt: torch.optim.Optimizer, world: int) -> tuple[bool, str]:
+    """(True, "equal") when the parameters and optimizer state equal the plain loop's (a low-bit cell: but for a few
+    elements at a rounding boundary, counted in the message; _seam_states.py), else (False, what differs)."""
     tol = TOL[not low_precision(cell)]
     got, want = trained(model, opt), reference(cell, world)
     if len(got) != len(want):
-        return f"{len(got)} parameters and state tensors, the plain loop has {len(want)}"
-    count = len(list(model.parameters()))
+        return False, f"{len(got)} parameters and state tensors, the plain loop has {len(want)}"
+    count, flips = len(list(model.parameters())), 0
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        if not torch.allclose(g.to(w.dtype), w, **tol):
-            what = f"parameter {i}" if i < count else f"optimizer state tensor {i - count}"
-            return f"{what}: max |accumulated - plain loop| = {(g.to(w.dtype) - w).abs().max().item():.3g} ({tol})"
-    return ""
+        what = f"parameter {i}" if i < count else f"optimizer state tensor {i - count}"
+        if g.dtype != w.dtype and i >= count:  # the storage (fp32 / bf16 / int8 codes and scales) is the plain loop's
+            return False, f"{what} is {g.dtype}, the plain loop's is {w.dtype}"
+        g, w = g.to(torch.float64), w.to(torch.float64)  # int8 states: their codes compare as numbers
+        wrong = int((~torch.isclose(g, w, **tol)).sum())
+        if wrong > boundary_flips_allowed(cell, w.numel()):
+            max_diff = (g - w).abs().max().item()
+            return False, f"{what}: max |accumulated - plain loop| = {max_diff:.3g} ({tol}) at {wrong} of {w.numel()}"
+        flips += wrong
+    problem = storage_problem(cell, model, opt)
+    return not problem, problem or ("equal" if not flips else f"equal but for {flips} elements at a rounding boundary")
 
 
 def _run_cell(cell: Cell, rank: int, world: int, phase: str, ckpt: str) -> tuple[bool, str]:
@@ -88,8 +97,7 @@ def _run_cell(cell: Cell, rank: int, world: int, phase: str, ckpt: str) -> tuple
         return False, "ran to the end; the table says it must be refused"
     if not finished:
         return True, "saved"
-    diff = _compare(cell, model, opt, world)
-    return not diff, diff or "equal"
+    return _compare(cell, model, opt, world)
 
 
 def _worker(rank: int, world: int, port: int, cells: list[Cell], phase: str, out_dir: str) -> None:

@@ -8,6 +8,7 @@ from collections import defaultdict
 from _seam_known import known_failure
 from _seam_table import (
     DIMENSIONS,
+    LOW_BIT_CELLS,
     MEANING,
     PRODUCT_SUBSET,
     REGRESSION_CELLS,
@@ -19,7 +20,14 @@ from _seam_table import (
     verdict,
 )
 
-GRIDS = (("path", "parallel"), ("entry", "parallel"), ("event", "parallel"), ("precision", "entry"))
+GRIDS = (
+    ("path", "parallel"),
+    ("entry", "parallel"),
+    ("event", "parallel"),
+    ("precision", "entry"),
+    ("state_dtype", "parallel"),
+    ("state_dtype", "entry"),
+)
 
 
 def _rules() -> dict[tuple[str, str], list[Cell]]:
@@ -81,7 +89,12 @@ def render() -> str:
         "one-process loop over every rank's shard of every micro-batch, float64 on the fp32 path, the same",
         "autocast otherwise) or is **refused with a clear error before anything is written**. The seam matrix",
         "(`tests/seams`) checks it: parameters and optimizer state after a short run, or the refusal, its message",
-        "and that parameters and optimizer state are untouched.",
+        "and that parameters and optimizer state are untouched. With low-bit optimizer states (`bf16_states`,",
+        "`int8_states`) the plain loop runs the same fused optimizer with the same `state_dtype` (under FSDP2, the",
+        "params whose shards are not block-aligned in an fp32-state group, and the run must name exactly those as",
+        "its int8 fallbacks); a quantized state may go the other way at a rounding boundary where the fp32",
+        "summation order moved a value by its last bit, so such a cell may differ at under 1% of a tensor's",
+        "elements (`tests/seams/_seam_states.py`).",
         "",
         "## The dimensions",
         "",
@@ -92,7 +105,8 @@ def render() -> str:
         out += [f"| {name} | `{v}` | {MEANING[v]} |" for v in values]
     out += ["", "## Refused, and not built", "",
             "Every combination not listed equals the plain loop (`yes` in the grids). `R`: refused with a clear",
-            "error before anything is written; `A`: not built by the harness (a gap, named here).", "",
+            "error before anything is written; `A`: not built by the harness (a gap, named here), or no such",
+            "combination (low-bit states on torch's optimizers or on the fp32 path's float64 params).", "",
             "| rule | where | why |", "|---|---|---|"]  # fmt: skip
     for key in sorted(rules):
         out.append(f"| {labels[key]} | {_scope(rules[key])} | {key[1]} |")
@@ -103,7 +117,9 @@ def render() -> str:
             "two dimensions that a built combination holds, in at least one cell; a deterministic greedy choice),",
             "plus the full product of the most used subset: " +
             " x ".join("/".join(f"`{v}`" for v in vs) for vs in PRODUCT_SUBSET.values()) + ", plus cells that",
-            "pin what the matrix found: " + ", ".join(f"`{c.id}`" for c in REGRESSION_CELLS) + ".", ""]  # fmt: skip
+            "pin what the matrix found: " + ", ".join(f"`{c.id}`" for c in REGRESSION_CELLS) + ", plus low-bit",
+            "optimizer states through every seam a fused optimizer meets: " +
+            ", ".join(f"`{c.id}`" for c in LOW_BIT_CELLS) + ".", ""]  # fmt: skip
     gaps = uncovered_pairs()
     if gaps:
         out.append("Pairs no built combination holds (only in `A` rules): " +

@@ -20,6 +20,7 @@ DIMENSIONS: dict[str, tuple[str, ...]] = {
     "entry": ("core", "compat", "lightning", "accelerate"),
     "optimizer": ("fused_adamw", "fused_lion", "adamw", "sgd"),
     "event": ("none", "oom_forward", "oom_backward", "short_window", "checkpoint", "slow_peer"),
+    "state_dtype": ("fp32_states", "bf16_states", "int8_states"),
 }
 
 MEANING: dict[str, str] = {
@@ -51,6 +52,10 @@ MEANING: dict[str, str] = {
     "short_window": "a short last window, applied by `flush()`",
     "checkpoint": "a checkpoint saved mid-window, resumed in a fresh process",
     "slow_peer": "rank 0 is slow (longer than a shortened peer-watch stall limit) but healthy",
+    "fp32_states": "the optimizer's states in its parameters' dtype (torch's; the fused optimizers' default)",
+    "bf16_states": "a fused optimizer with `state_dtype='bf16'` (stochastic rounding from its seed)",
+    "int8_states": "a fused optimizer with `state_dtype='int8'`, `int8_min_numel=0`, a 512-wide hidden layer "
+    "(its Linear block-aligned on 2 ranks; the last Linear is not, so FSDP2 keeps it in fp32 states)",
 }
 
 # The product CI runs in full: the most used subset (the other dimensions at their first value, but
@@ -62,6 +67,7 @@ PRODUCT_SUBSET: dict[str, tuple[str, ...]] = {
     "entry": ("core",),
     "optimizer": ("adamw",),
     "event": DIMENSIONS["event"],
+    "state_dtype": ("fp32_states",),
 }
 
 
@@ -72,10 +78,12 @@ class Cell(NamedTuple):
     entry: str
     optimizer: str
     event: str
+    state_dtype: str = "fp32_states"
 
     @property
     def id(self) -> str:
-        return "-".join(self)
+        """The values joined by "-"; the default state_dtype is left out (the ids before it was a dimension)."""
+        return "-".join(self if self.state_dtype != "fp32_states" else self[:-1])
 
 
 class Verdict(NamedTuple):
@@ -91,6 +99,12 @@ FSDP_MODES = ("fsdp_window", "fsdp_micro", "hsdp")
 def verdict(cell: Cell) -> Verdict:
     """THE table: what each combination must do. Rules are checked in order; the first that applies decides."""
     c = cell
+    # -- no such combination (low-bit states are the fused optimizers', for float32 params) --
+    if c.state_dtype != "fp32_states" and not c.optimizer.startswith("fused_"):
+        return Verdict("absent", "torch's optimizers have no state_dtype: only the fused ones store low-bit states")
+    if c.state_dtype != "fp32_states" and c.precision == "fp32":
+        return Verdict("absent", "the fp32 path runs float64 params, which keep float64 states whatever state_dtype "
+                       "says (docs/optimizer-states.md): the cell is its fp32_states one")  # fmt: skip
     # -- not built by this harness (listed on the docs page, so the gap is visible) --
     if c.entry == "lightning" and c.parallel in FSDP_MODES:
         return Verdict("absent", "the callback refuses every strategy but Lightning's single-device and DDP ones at "
@@ -109,12 +123,13 @@ def verdict(cell: Cell) -> Verdict:
     if c.entry == "lightning" and c.parallel == "ddp_overlap":
         return Verdict("refused", "Lightning prepares DDP's reducer only in manual_backward(), not in the "
                        "accumulator's backward", r"ddp_reduce='overlap' needs DDP's reducer")  # fmt: skip
-    if c.path == "adaptive" and c.parallel == "ddp_overlap":
-        return Verdict("refused", "DDP reduces during the closing backward; a micro-batch split in chunks has several",
-                       r"split micro-batches \(AdaptiveGradientAccumulator\) need ddp_reduce='buffer'")  # fmt: skip
+    # before the next rule: under DDP overlap the OOM in a micro-batch's second chunk is refused before the split is
     if c.path == "adaptive" and c.parallel in COLLECTIVE_MODES and c.event in ("oom_forward", "oom_backward"):
         return Verdict("refused", "collectives run inside the micro-step: one rank cannot split alone",
                        r"so this rank cannot split alone")  # fmt: skip
+    if c.path == "adaptive" and c.parallel == "ddp_overlap":
+        return Verdict("refused", "DDP reduces during the closing backward; a micro-batch split in chunks has several",
+                       r"split micro-batches \(AdaptiveGradientAccumulator\) need ddp_reduce='buffer'")  # fmt: skip
     if c.parallel == "ddp_overlap" and c.event == "oom_backward":
         return Verdict("refused", "the closing backward raised part-way: DDP's reducer is mid-reduction and the "
                        "window's sums (param.grad) hold part of it, so the retry is refused",
@@ -168,12 +183,33 @@ REGRESSION_CELLS = (
     Cell("hooks", "fsdp_micro", "fp32", "core", "sgd", "oom_backward"),  # FSDP2 left mid-backward
     Cell("adaptive", "hsdp", "bf16", "core", "adamw", "none"),  # chunks sharing autocast's cast cache
     Cell("hooks", "local", "fp32", "accelerate", "fused_adamw", "none"),  # AcceleratedOptimizer in fused_step_for
+    Cell("adaptive", "local", "bf16", "core", "fused_adamw", "oom_backward"),  # the plain loop's chunks after a replay
+    Cell("adaptive", "ddp_overlap", "fp32", "core", "adamw", "oom_forward"),  # which refusal comes first
 )
 
 
+# Low-bit optimizer states (issue 30) through every seam a fused optimizer meets, in both low-bit storages: the fused
+# tail in one process, its checkpoint and its window replay (adaptive), DDP with an OOM retry and a resume, FSDP2
+# and HSDP with a DCP resume, and the framework entries. The covering array adds each storage's pairs beyond these.
+LOW_BIT_SEAMS = (
+    ("hooks", "local", "bf16", "core", "fused_adamw", "none"),
+    ("fusion", "local", "fp16_own", "compat", "fused_lion", "checkpoint"),
+    ("adaptive", "local", "bf16", "core", "fused_adamw", "oom_backward"),
+    ("hooks", "ddp_buffer", "bf16", "core", "fused_adamw", "oom_forward"),
+    ("views", "ddp_overlap", "fp16_user", "core", "fused_adamw", "checkpoint"),
+    ("hooks", "fsdp_window", "bf16", "core", "fused_adamw", "checkpoint"),
+    ("fusion", "fsdp_micro", "bf16", "compat", "fused_lion", "short_window"),
+    ("hooks", "hsdp", "bf16", "core", "fused_adamw", "checkpoint"),
+    ("hooks", "ddp_buffer", "bf16", "lightning", "fused_adamw", "oom_forward"),
+    ("hooks", "ddp_buffer", "bf16", "accelerate", "fused_adamw", "checkpoint"),
+)
+LOW_BIT_CELLS = tuple(Cell(*seam, state) for state in ("bf16_states", "int8_states") for seam in LOW_BIT_SEAMS)
+
+
 def ci_cells() -> list[Cell]:
-    """The pairwise cells, the product subset's and the regression cells, without repeats, in a fixed order."""
-    return list(dict.fromkeys([*pairwise_cells(), *product_cells(), *REGRESSION_CELLS]))
+    """The pairwise cells, the product subset's, the regression cells and the low-bit ones, without repeats, in a
+    fixed order."""
+    return list(dict.fromkeys([*pairwise_cells(), *product_cells(), *REGRESSION_CELLS, *LOW_BIT_CELLS]))
 
 
 def uncovered_pairs() -> list[tuple[str, str, str, str]]:

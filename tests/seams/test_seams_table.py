@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 from _seam_page import render
-from _seam_table import DIMENSIONS, all_cells, ci_cells, pairs_of, pairwise_cells, product_cells, verdict
+from _seam_table import (
+    DIMENSIONS,
+    LOW_BIT_CELLS,
+    all_cells,
+    ci_cells,
+    pairs_of,
+    pairwise_cells,
+    product_cells,
+    verdict,
+)
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "seams.md"
 
@@ -37,3 +46,12 @@ def test_every_refusal_names_the_message_it_must_raise() -> None:
 @pytest.mark.skipif(not PAGE.exists(), reason="needs the source tree's docs/ (CI's wheel run tests a copy of tests/)")
 def test_docs_page_is_generated_from_the_table() -> None:
     assert PAGE.read_text() == render(), "docs/seams.md is stale: run `python scripts/seams_doc.py`"
+
+
+def test_low_bit_cells_are_built_run_in_ci_and_cover_every_seam() -> None:
+    assert all(verdict(c).kind != "absent" for c in LOW_BIT_CELLS) and set(LOW_BIT_CELLS) <= set(ci_cells())
+    for state in ("bf16_states", "int8_states"):
+        cells = [c for c in LOW_BIT_CELLS if c.state_dtype == state]
+        for name in ("parallel", "entry", "event"):
+            i = list(DIMENSIONS).index(name)
+            assert {c[i] for c in cells} >= set(DIMENSIONS[name]) - {"slow_peer", "short_window", "compat"}, name
