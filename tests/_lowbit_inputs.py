@@ -88,6 +88,17 @@ def lowbit_inputs(
     return to_storage(x, info, storage, unaligned=unaligned)
 
 
+def to_device(inputs: LowbitInputs, device: str) -> LowbitInputs:
+    """A copy of `inputs` on `device`, each tensor as aligned as its original (unaligned_copy's one element off)."""
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        moved = t.to(device, copy=True)
+        return unaligned_copy(moved) if t.data_ptr() % 16 else moved
+
+    x = StepInputs(*([move(t) for t in group] for group in (*inputs.x.lists(), inputs.x.steps)))
+    return LowbitInputs(x, inputs.storage, [[move(t) for t in lists] for lists in inputs.scales])
+
+
 def new_grads(x: StepInputs, gen: torch.Generator) -> list[torch.Tensor]:
     """Fresh random grads of x's grads' shapes and dtypes."""
     return [torch.randn(g.shape, generator=gen).to(g.dtype) for g in x.grads]

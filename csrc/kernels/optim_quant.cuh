@@ -8,9 +8,9 @@
 // chunks take each lane's 8 elements contiguously: the codes as one 64-bit access, 16-byte
 // accesses for the rest; a warp iteration may take several consecutive blocks, their loads all
 // issued first (optim_step.cuh's kQuantBlocksPerStep). The others (and a partial last block) take
-// element e of lane l at l + 32 e: one coalesced scalar access per list. The code books (values and midpoints) sit in
-// shared memory, copied once per block from their device copy: a code's value and the 8-step
-// midpoint search (quant_encode_search) read them with data-dependent indices.
+// element e of lane l at l + 32 e: one coalesced scalar access per list. The code books (values and
+// midpoints) sit in shared memory, copied once per block from their device copy: a code's value and
+// the 8-step midpoint search (quant_encode_search) read them with data-dependent indices.
 #pragma once
 
 #include "optim_io.cuh"
@@ -206,10 +206,9 @@ __device__ __forceinline__ void requantize_block(const QuantSlots<T::kSlots>& q,
 // kBlocks whole quantization blocks from index `block`, contiguous layout: every block's loads first,
 // so that one warp iteration keeps kBlocks blocks' loads in flight (the lists may alias, for all the
 // compiler knows, so they stay ahead of the stores), then every block's update, then every block's
-// requantization. The updates before the requantizations (not block by block): ptxas took fewer
-// registers that way (AdamW, 16-bit grads: 111-124 against 110-128), and no 128-bit store follows a
-// warp shuffle, whose out-of-line divergence path (BRA.DIV) branches back and would look like a loop
-// to the kernel report.
+// requantization. The updates before the requantizations, not block by block: then no 128-bit store
+// follows a warp shuffle, whose out-of-line divergence path (BRA.DIV) branches back and, on sm_100,
+// made the kernel report see a 14-byte hot loop there.
 template <int kBlocks, typename T, int kFlags, typename IO, typename C, typename K>
 __device__ __forceinline__ void step_contiguous_blocks(const IO& io, const QuantSlots<T::kSlots>& q,
                                                        const QuantBooks& books, int block, const K& consts) {
@@ -232,16 +231,20 @@ __device__ __forceinline__ void step_contiguous_blocks(const IO& io, const Quant
 // contiguous, kBlocks at a time per warp iteration (warp w takes blocks kBlocks w, ..., then
 // kBlocks (w + 16), ...), and the rest (those past the last whole group, a partial last block)
 // strided; else all strided, warp w taking blocks w, w + 16, .... Two loops, not one with a branch:
-// the contiguous hot loop holds no scalar path (kernel-report.md).
+// the contiguous hot loop holds no scalar path (kernel-report.md). The contiguous loop stays inside
+// `if (vec)`: without it, SGD's int8 kernel (flags 4) spilled 4 bytes on sm_100.
 template <typename T, int kFlags, int kBlocks, typename IO, typename C, typename K>
 __device__ __forceinline__ void step_quant_chunk(const IO& io, const QuantSlots<T::kSlots>& q, const QuantBooks& books,
                                                  int n, bool vec, const K& consts) {
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  const int groups = vec ? n / (kBlocks * kQuantBlock) : 0, blocks = (n + kQuantBlock - 1) / kQuantBlock;
-  for (int b = warp; b < groups; b += kWarps) {
-    step_contiguous_blocks<kBlocks, T, kFlags, IO, C>(io, q, books, b * kBlocks, consts);
+  const int groups = n / (kBlocks * kQuantBlock), blocks = (n + kQuantBlock - 1) / kQuantBlock;
+  const int strided_from = vec ? groups * kBlocks : 0;
+  if (vec) {
+    for (int b = warp; b < groups; b += kWarps) {
+      step_contiguous_blocks<kBlocks, T, kFlags, IO, C>(io, q, books, b * kBlocks, consts);
+    }
   }
-  for (int b = groups * kBlocks + warp; b < blocks; b += kWarps) {
+  for (int b = strided_from + warp; b < blocks; b += kWarps) {
     const int first = b * kQuantBlock + lane;
     C st[T::kSlots][kLaneElems] = {};
     update_strided_block<T, kFlags>(io, q, books, b, first, n, consts, st);

@@ -98,7 +98,7 @@ def test_bf16_params_with_fp32_grads_and_int8_states(emulators, gen, mode):
 
 
 @pytest.mark.parametrize("layout", ["aligned", "unaligned"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_int8_adamw_with_16_bit_grads(emulators, gen, dtype, layout):
     """int8 AdamW with 16-bit params and grads: a warp takes two whole quantization blocks per iteration (their
     loads first), the whole block left over by an odd count and a partial last block go strided (512: one pair;
