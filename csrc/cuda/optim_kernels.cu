@@ -105,11 +105,6 @@ cudaError_t launch_update(const OptimParams& p, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t launch_optim_step(const OptimParams& p, cudaStream_t stream) {
-  if (p.storage == StateStorage::kInt8 && p.kind == kKindOf<AdamW>) {  // kInt8NeedsFp32Grads: no such kernel path
-    for (const Span& g : p.grads) {
-      if (g.dtype != DType::kFloat32) return cudaErrorInvalidValue;  // register_optim_cuda.cpp refuses it first
-    }
-  }
   cudaError_t err = cudaSuccess;
   dispatch_storage(p.storage, [&](auto storage) { err = launch_update<decltype(storage)::value>(p, stream); });
   if (err != cudaSuccess) return err;

@@ -9,19 +9,7 @@
 namespace gradacc {
 namespace {
 
-// int8 AdamW states on CUDA take float32 grads only (optim_step.cuh's kInt8NeedsFp32Grads says why):
-// refused here, before anything is written.
-void check_int8_adamw_grads(const OptimParams& p) {
-  if (p.storage != StateStorage::kInt8 || p.kind != kKindOf<AdamW>) return;
-  for (size_t i = 0; i < p.grads.size(); ++i) {
-    GRADACC_CHECK(p.grads[i].dtype == DType::kFloat32, "gradacc.adamw_step_: int8 states (uint8 exp_avgs) on CUDA ",
-                  "take float32 grads, got a 16-bit grads[", i, "]: accumulate into float32 buffers ",
-                  "(GradientAccumulator's default) or use bf16 states");
-  }
-}
-
 void run_cuda(const OptimParams& p, const Device& device) {
-  check_int8_adamw_grads(p);
   cuda::run_on(device, [&](cudaStream_t stream) { return cuda::launch_optim_step(p, stream); });
 }
 

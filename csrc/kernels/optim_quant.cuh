@@ -6,10 +6,11 @@
 // warp reduction (shuffles, no barrier) and lane 0 writes the block's scale. A chunk (65,536
 // elements) holds whole quantization blocks, the last block of a tensor may be partial. Aligned
 // chunks take each lane's 8 elements contiguously: the codes as one 64-bit access, 16-byte
-// accesses for the rest. The others (and a partial last block) take element e of lane l at
-// l + 32 e: one coalesced scalar access per list. The code books (values and midpoints) sit in
-// shared memory, copied once per block from their device copy: a code's value and the 8-step
-// midpoint search (quant_encode_search) read them with data-dependent indices.
+// accesses for the rest; a warp iteration may take several consecutive blocks, their loads all
+// issued first (optim_step.cuh's kQuantBlocksPerStep). The others (and a partial last block) take
+// element e of lane l at l + 32 e: one coalesced scalar access per list. The code books (values and
+// midpoints) sit in shared memory, copied once per block from their device copy: a code's value and
+// the 8-step midpoint search (quant_encode_search) read them with data-dependent indices.
 #pragma once
 
 #include "optim_io.cuh"
@@ -93,73 +94,87 @@ __device__ __forceinline__ uint8_t code_at(const uint2& u, int e) {
   return uint8_t(((e < 4 ? u.x : u.y) >> (8 * (e % 4))) & 0xFFu);
 }
 
-// Dequantizes, updates and stores this lane's elements of one quantization block, leaving their new
-// state values in st. kContiguous: 8 elements from `first`, every list aligned (vector accesses);
-// else element e at first + 32 e while below n, each one loaded, updated and stored on its own
-// (elements past n leave 0).
-template <bool kContiguous, typename T, int kFlags, typename IO, typename C, typename K>
-__device__ __forceinline__ void update_block(const IO& io, const QuantSlots<T::kSlots>& q, const QuantBooks& books,
-                                             int block, int first, int n, const K& consts,
-                                             C (&st)[T::kSlots][kLaneElems]) {
+// What one lane reads of one quantization block in the contiguous layout: its 8 params (or master
+// weights) and grads, and each used slot's 8 codes (one 64-bit access) and the block's old absmax.
+template <int kSlots, typename C>
+struct LaneBlock {
+  C p[kLaneElems], g[kLaneElems];
+  alignas(8) uint2 codes[kSlots];  // as CUDA's uint2 is; the host emulation's is not (its 8-byte accesses are checked)
+  float old[kSlots];
+};
+
+template <typename T, int kFlags, typename IO, typename C>
+__device__ __forceinline__ void load_lane_block(const IO& io, const QuantSlots<T::kSlots>& q, int block, int first,
+                                                LaneBlock<T::kSlots, C>& x) {
+  for_used_slots<T, kFlags>([&](auto slot) { x.old[decltype(slot)::value] = q.scales[decltype(slot)::value][block]; });
+  io.template load<kLaneElems>(first, x.p, x.g);
+  for_used_slots<T, kFlags>([&](auto slot) {
+    x.codes[decltype(slot)::value] = *reinterpret_cast<const uint2*>(q.codes[decltype(slot)::value] + first);
+  });
+}
+
+// Dequantizes and updates the 8 elements of x (loaded from `first`), stores their params and leaves
+// their new state values in st.
+template <typename T, int kFlags, typename IO, typename C, typename K>
+__device__ __forceinline__ void update_lane_block(const IO& io, const QuantBooks& books, LaneBlock<T::kSlots, C>& x,
+                                                  int first, const K& consts, C (&st)[T::kSlots][kLaneElems]) {
+  constexpr int E = kLaneElems;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    for_used_slots<T, kFlags>([&](auto slot) {
+      constexpr int s = decltype(slot)::value;
+      st[s][e] = quant_decode(code_at(x.codes[s], e), x.old[s], books.codes[kBookOf<T, s>]);
+    });
+    x.p[e] = T::template update<kFlags>(x.p[e], x.g[e], Column<C, T::kSlots, E>{st, e}, consts);
+  }
+  io.template store<E>(first, x.p);
+}
+
+// The strided layout of one quantization block: this lane's element e at first + 32 e while below
+// n, each one loaded, dequantized, updated and stored on its own, its new state values left in st
+// (elements past n leave 0). Not unrolled (one copy of the update, which left ptxas no room beside
+// the contiguous path): the new values shift into st from the top, so that st is only ever indexed
+// by constants (a runtime index would put it in local memory); after the 8 steps st[s][e] is
+// element e's.
+template <typename T, int kFlags, typename IO, typename C, typename K>
+__device__ __forceinline__ void update_strided_block(const IO& io, const QuantSlots<T::kSlots>& q,
+                                                     const QuantBooks& books, int block, int first, int n,
+                                                     const K& consts, C (&st)[T::kSlots][kLaneElems]) {
   constexpr int E = kLaneElems;
   float old[T::kSlots] = {};
   for_used_slots<T, kFlags>([&](auto slot) { old[decltype(slot)::value] = q.scales[decltype(slot)::value][block]; });
-  if constexpr (kContiguous) {
-    C p[E], g[E];
-    io.template load<E>(first, p, g);
-    uint2 u[T::kSlots] = {};
-    for_used_slots<T, kFlags>([&](auto slot) {
-      u[decltype(slot)::value] = *reinterpret_cast<const uint2*>(q.codes[decltype(slot)::value] + first);
-    });
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
+#pragma unroll 1
+  for (int e = 0; e < E; ++e) {
+    const int i = first + 32 * e;
+    C v[T::kSlots][1] = {};
+    if (i < n) {
+      C p[1], g[1];
+      io.template load<1>(i, p, g);
       for_used_slots<T, kFlags>([&](auto slot) {
         constexpr int s = decltype(slot)::value;
-        st[s][e] = quant_decode(code_at(u[s], e), old[s], books.codes[kBookOf<T, s>]);
+        v[s][0] = quant_decode(q.codes[s][i], old[s], books.codes[kBookOf<T, s>]);
       });
-      p[e] = T::template update<kFlags>(p[e], g[e], Column<C, T::kSlots, E>{st, e}, consts);
+      p[0] = T::template update<kFlags>(p[0], g[0], Column<C, T::kSlots, 1>{v, 0}, consts);
+      io.template store<1>(i, p);
     }
-    io.template store<E>(first, p);
-  } else {
-    // Not unrolled (one copy of the update, which left ptxas no room beside the contiguous path): the
-    // new values shift into st from the top, so that st is only ever indexed by constants (a runtime
-    // index would put it in local memory); after the 8 steps st[s][e] is element e's.
-#pragma unroll 1
-    for (int e = 0; e < E; ++e) {
-      const int i = first + 32 * e;
-      C v[T::kSlots][1] = {};
-      if (i < n) {
-        C p[1], g[1];
-        io.template load<1>(i, p, g);
-        for_used_slots<T, kFlags>([&](auto slot) {
-          constexpr int s = decltype(slot)::value;
-          v[s][0] = quant_decode(q.codes[s][i], old[s], books.codes[kBookOf<T, s>]);
-        });
-        p[0] = T::template update<kFlags>(p[0], g[0], Column<C, T::kSlots, 1>{v, 0}, consts);
-        io.template store<1>(i, p);
-      }
 #pragma unroll
-      for (int s = 0; s < T::kSlots; ++s) {
+    for (int s = 0; s < T::kSlots; ++s) {
 #pragma unroll
-        for (int k = 0; k + 1 < E; ++k) st[s][k] = st[s][k + 1];
-        st[s][E - 1] = v[s][0];
-      }
+      for (int k = 0; k + 1 < E; ++k) st[s][k] = st[s][k + 1];
+      st[s][E - 1] = v[s][0];
     }
   }
 }
 
-// One quantization block (index `block` in the chunk of n elements) of optimizer T, variant kFlags:
-// update, then requantize every used slot: the block's new absmax (one warp reduction), the codes,
-// and lane 0's scale. Elements past n (strided layout only) hold 0 and take no part.
-template <bool kContiguous, typename T, int kFlags, typename IO, typename C, typename K>
-__device__ __forceinline__ void step_quant_block(const IO& io, const QuantSlots<T::kSlots>& q, const QuantBooks& books,
-                                                 int block, int n, const K& consts) {
+// Requantizes this lane's new state values st of one quantization block (index `block` in the chunk
+// of n elements) in every used slot: the block's new absmax (one warp reduction), the codes, and lane
+// 0's scale. kContiguous: the lane's 8 elements from `first`, else at first + 32 e; elements past n
+// (strided layout only) hold 0 and take no part.
+template <bool kContiguous, typename T, int kFlags, typename C>
+__device__ __forceinline__ void requantize_block(const QuantSlots<T::kSlots>& q, const QuantBooks& books, int block,
+                                                 int first, int n, const C (&st)[T::kSlots][kLaneElems]) {
   constexpr int E = kLaneElems;
-  const int lane = int(threadIdx.x) % 32;
-  const int first = block * kQuantBlock + (kContiguous ? lane * E : lane);
   auto valid = [&](int e) { return kContiguous || first + 32 * e < n; };
-  C st[T::kSlots][E] = {};
-  update_block<kContiguous, T, kFlags>(io, q, books, block, first, n, consts, st);
   for_used_slots<T, kFlags>([&](auto slot) {
     constexpr int s = decltype(slot)::value;
     const float* mids = books.mids[kBookOf<T, s>];
@@ -184,24 +199,56 @@ __device__ __forceinline__ void step_quant_block(const IO& io, const QuantSlots<
         if (valid(e)) q.codes[s][first + 32 * e] = code[e];
       }
     }
-    if (lane == 0) q.scales[s][block] = absmax;
+    if (threadIdx.x % 32 == 0) q.scales[s][block] = absmax;
   });
 }
 
-// One chunk of n elements with int8 states: warp w takes blocks w, w + 16, ...; with `vec` (every
-// list aligned) the whole blocks go contiguous and a partial last block strided, else all strided.
-// Two loops, not one with a branch: the contiguous hot loop holds no scalar path (kernel-report.md).
-template <typename T, int kFlags, typename IO, typename C, typename K>
+// kBlocks whole quantization blocks from index `block`, contiguous layout: every block's loads first,
+// so that one warp iteration keeps kBlocks blocks' loads in flight (the lists may alias, for all the
+// compiler knows, so they stay ahead of the stores), then every block's update, then every block's
+// requantization. The updates before the requantizations, not block by block: then no 128-bit store
+// follows a warp shuffle, whose out-of-line divergence path (BRA.DIV) branches back and, on sm_100,
+// made the kernel report see a 14-byte hot loop there.
+template <int kBlocks, typename T, int kFlags, typename IO, typename C, typename K>
+__device__ __forceinline__ void step_contiguous_blocks(const IO& io, const QuantSlots<T::kSlots>& q,
+                                                       const QuantBooks& books, int block, const K& consts) {
+  const int first = block * kQuantBlock + int(threadIdx.x) % 32 * kLaneElems;
+  LaneBlock<T::kSlots, C> x[kBlocks];
+#pragma unroll
+  for (int k = 0; k < kBlocks; ++k) load_lane_block<T, kFlags>(io, q, block + k, first + k * kQuantBlock, x[k]);
+  C st[kBlocks][T::kSlots][kLaneElems] = {};
+#pragma unroll
+  for (int k = 0; k < kBlocks; ++k) {
+    update_lane_block<T, kFlags>(io, books, x[k], first + k * kQuantBlock, consts, st[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < kBlocks; ++k) {
+    requantize_block<true, T, kFlags>(q, books, block + k, first + k * kQuantBlock, 0, st[k]);
+  }
+}
+
+// One chunk of n elements with int8 states. With `vec` (every list aligned) the whole blocks go
+// contiguous, kBlocks at a time per warp iteration (warp w takes blocks kBlocks w, ..., then
+// kBlocks (w + 16), ...), and the rest (those past the last whole group, a partial last block)
+// strided; else all strided, warp w taking blocks w, w + 16, .... Two loops, not one with a branch:
+// the contiguous hot loop holds no scalar path (kernel-report.md). The contiguous loop stays inside
+// `if (vec)`: without it, SGD's int8 kernel (flags 4) spilled 4 bytes on sm_100.
+template <typename T, int kFlags, int kBlocks, typename IO, typename C, typename K>
 __device__ __forceinline__ void step_quant_chunk(const IO& io, const QuantSlots<T::kSlots>& q, const QuantBooks& books,
                                                  int n, bool vec, const K& consts) {
-  const int warp = int(threadIdx.x) / 32;
-  const int whole = n / kQuantBlock, blocks = (n + kQuantBlock - 1) / kQuantBlock;
-  const int strided_from = vec ? whole : 0;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int groups = n / (kBlocks * kQuantBlock), blocks = (n + kQuantBlock - 1) / kQuantBlock;
+  const int strided_from = vec ? groups * kBlocks : 0;
   if (vec) {
-    for (int b = warp; b < whole; b += kWarps) step_quant_block<true, T, kFlags, IO, C>(io, q, books, b, n, consts);
+    for (int b = warp; b < groups; b += kWarps) {
+      step_contiguous_blocks<kBlocks, T, kFlags, IO, C>(io, q, books, b * kBlocks, consts);
+    }
   }
   for (int b = strided_from + warp; b < blocks; b += kWarps) {
-    step_quant_block<false, T, kFlags, IO, C>(io, q, books, b, n, consts);
+    const int first = b * kQuantBlock + lane;
+    C st[T::kSlots][kLaneElems] = {};
+    update_strided_block<T, kFlags>(io, q, books, b, first, n, consts, st);
+    requantize_block<false, T, kFlags>(q, books, b, first, n, st);
   }
 }
 

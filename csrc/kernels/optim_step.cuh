@@ -108,12 +108,12 @@ __device__ __forceinline__ void step_elements(const IO& io, StateElem<S, C>* con
   });
 }
 
-// int8 AdamW reads float32 grads only (the accumulator's buffers): with 16-bit grads its hot loop keeps
-// 28 KB of loads in flight per SM, under the kernel report's 32 KB floor, and two blocks per SM spill
-// (docs/kernel-report.md). The CUDA registration refuses the call (register_optim_cuda.cpp); the path is
-// not compiled.
-template <typename T, StateStorage S, typename G>
-constexpr bool kInt8NeedsFp32Grads = S == StateStorage::kInt8 && std::is_same_v<T, AdamW> && !std::is_same_v<G, float>;
+// Quantization blocks one warp takes per iteration of the int8 contiguous loop (optim_quant.cuh's
+// step_quant_chunk). The one-block-per-SM kernel (AdamW) takes two with 16-bit grads: one block's
+// loads (8 16-bit params and grads, two slots' codes and scales: 56 bytes per lane) kept 28 KB in
+// flight per SM, under the kernel report's 32 KB floor (docs/kernel-report.md); two keep 56 KB.
+template <typename T, typename G>
+constexpr int kQuantBlocksPerStep = kOptimMinBlocks<T, StateStorage::kInt8> == 1 && kIs16Bit<G> ? 2 : 1;
 
 // One step of optimizer T (optim_traits.cuh) in its compile-time variant kFlags, states stored as S.
 // S other than kFloat is instantiated for float compute only: fp64 params keep fp64 states (the
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kBlockThreads, kOptimMinBlocks<T, S>)
     using P = decltype(param_tag);
     using G = decltype(grad_tag);
     using C = ComputeOf<P>;
-    if constexpr ((S == StateStorage::kFloat || std::is_same_v<C, float>) && !kInt8NeedsFp32Grads<T, S, G>) {
+    if constexpr (S == StateStorage::kFloat || std::is_same_v<C, float>) {
       P* param = slot_ptr<P>(meta, c.slot, kParam, c.first_elem);
       const G* grad = slot_ptr<const G>(meta, c.slot, kGrad, c.first_elem);
       float* master = slot_ptr<float>(meta, c.slot, kMaster, c.first_elem);
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kBlockThreads, kOptimMinBlocks<T, S>)
             q.scales[s] = slot_ptr<float>(meta, c.slot, kScales0 + s, c.first_elem / kQuantBlock);
             vec = vec && (reinterpret_cast<uintptr_t>(q.codes[s]) & 7u) == 0;  // 8 codes: one 64-bit access
           });
-          step_quant_chunk<T, kFlags, decltype(io), C>(io, q, books, c.n, vec, consts);
+          step_quant_chunk<T, kFlags, kQuantBlocksPerStep<T, G>, decltype(io), C>(io, q, books, c.n, vec, consts);
         } else {
           StateElem<S, C>* state[T::kSlots];
 #pragma unroll

@@ -76,29 +76,38 @@ def test_lowbit_steps(emulators, gen, info, config, storage, layout):
 @pytest.mark.parametrize("mode", ["stochastic", "master"])
 @pytest.mark.parametrize("name", ["adamw", "sgd", "lion"])
 def test_bf16_params_with_lowbit_states(emulators, gen, name, mode, storage):
-    """bf16 params: stochastic rounding (its draws beside the bf16 states' own) or fp32 master weights. int8
-    AdamW reads fp32 grads only on CUDA (the accumulator's buffers; test_int8_adamw_refuses_16_bit_grads)."""
+    """bf16 params with bf16 grads: stochastic rounding (its draws beside the bf16 states' own) or fp32 master
+    weights (int8 AdamW: two quantization blocks per warp iteration, optim_step.cuh's kQuantBlocksPerStep)."""
     info = BY_NAME[name]
     config = "momentum" if name == "sgd" else "plain"
-    grad_dtype = torch.float32 if (name, storage) == ("adamw", "int8") else None
-    inputs = lowbit_inputs(info, info.configs[config], [300, 70000], storage, gen, param_dtype=torch.bfloat16,
-                           grad_dtype=grad_dtype)  # fmt: skip
+    inputs = lowbit_inputs(info, info.configs[config], [300, 70000], storage, gen, param_dtype=torch.bfloat16)
     if mode == "master":
         inputs.x.master_params = [p.float() for p in inputs.x.params]
     run_and_check(emulators["param32k"], inputs, info, config, gen, mode=mode, seed=11)
 
 
-@pytest.mark.parametrize("grad_dtype", [torch.bfloat16, torch.float16])
-def test_int8_adamw_refuses_16_bit_grads(emulators, gen, grad_dtype):
-    """The int8 AdamW kernel has no 16-bit-grad path (optim_step.cuh's kInt8NeedsFp32Grads: it would keep too few
-    loads in flight): the launcher refuses the step and writes nothing (the CUDA registration refuses it first,
-    with a message naming the grads)."""
+@pytest.mark.parametrize("mode", ["nearest", "stochastic", "master"])
+def test_bf16_params_with_fp32_grads_and_int8_states(emulators, gen, mode):
+    """bf16 params with fp32 grads (the accumulator's buffers): int8 AdamW takes one quantization block per warp
+    iteration there."""
     info = BY_NAME["adamw"]
-    inputs = lowbit_inputs(info, {}, [300, 70000], "int8", gen, param_dtype=grad_dtype)
-    before = snapshot(inputs.all_tensors())
-    with pytest.raises(RuntimeError, match="emulated launch failed"):
-        emulators["param32k"].step(inputs.record(info, {}, info.lr))
-    assert_bits_unchanged(before, inputs.all_tensors(), "lowbit inputs")
+    inputs = lowbit_inputs(info, {}, [300, 70000], "int8", gen, param_dtype=torch.bfloat16, grad_dtype=torch.float32)
+    if mode == "master":
+        inputs.x.master_params = [p.float() for p in inputs.x.params]
+    run_and_check(emulators["param32k"], inputs, info, "plain", gen, mode=mode, seed=11)
+
+
+@pytest.mark.parametrize("layout", ["aligned", "unaligned"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_int8_adamw_with_16_bit_grads(emulators, gen, dtype, layout):
+    """int8 AdamW with 16-bit params and grads: a warp takes two whole quantization blocks per iteration (their
+    loads first), the whole block left over by an odd count and a partial last block go strided (512: one pair;
+    300, 1000 and the second chunk of 70000: an odd count of whole blocks and a partial one); unaligned lists
+    go strided throughout."""
+    info = BY_NAME["adamw"]
+    inputs = lowbit_inputs(info, {}, [300, 512, 1000, 70000], "int8", gen, param_dtype=dtype,
+                           unaligned=layout == "unaligned")  # fmt: skip
+    run_and_check(emulators["param32k"], inputs, info, "plain", gen)
 
 
 @pytest.mark.parametrize("name", ["adamw", "sgd", "lion"])

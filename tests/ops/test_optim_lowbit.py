@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _devices import require_ext
-from _lowbit_inputs import LowbitInputs, assert_same_as_reference, lowbit_inputs, new_grads
+from _lowbit_inputs import LowbitInputs, assert_same_as_reference, lowbit_inputs, new_grads, to_device
 from _optim_inputs import BY_NAME, OptimInfo, row_configs
 from _oracle import assert_bits_unchanged, small_sizes, snapshot
 
@@ -64,6 +64,23 @@ def test_bf16_params_with_lowbit_states(gen, name, mode, storage):
     if mode == "master":
         inputs.x.master_params = [p.float() for p in inputs.x.params]
     _compare_backends(inputs, info, config, gen, mode=mode, seed=11)
+
+
+@pytest.mark.parametrize("layout", ["aligned", "unaligned"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_int8_adamw_with_16_bit_grads(gen, ext_device, dtype, layout):
+    """int8 AdamW with 16-bit params and grads, three steps on the device's kernel against the reference on the CPU.
+    CUDA takes two quantization blocks per warp iteration there (optim_step.cuh's kQuantBlocksPerStep): 512 elements
+    are one pair, 300, 1000 and 70000 leave an odd whole block and a partial one to the strided layout, which the
+    unaligned lists take throughout."""
+    info = BY_NAME["adamw"]
+    ref = lowbit_inputs(info, {}, [300, 512, 1000, 70000], "int8", gen, param_dtype=dtype,
+                        unaligned=layout == "unaligned")  # fmt: skip
+    inputs = to_device(ref, ext_device)
+    grads = [new_grads(ref.x, gen) for _ in range(3)]
+    _run_steps(inputs, info, "plain", "ext", [[g.to(ext_device) for g in step] for step in grads])
+    _run_steps(ref, info, "plain", "torch", grads)
+    assert_same_as_reference(to_device(inputs, "cpu"), ref, info)
 
 
 @pytest.mark.parametrize("storage", ["bf16", "int8"])

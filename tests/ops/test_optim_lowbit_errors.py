@@ -12,8 +12,6 @@ from _lowbit_inputs import LowbitInputs, lowbit_inputs
 from _optim_inputs import BY_NAME
 from _oracle import assert_bits_unchanged, assert_raise_alike, snapshot
 
-from gradacc_ext import ops
-
 SIZES = [5, 300, 9]  # 1, 2 and 1 blocks
 Break = Callable[[LowbitInputs, dict], None]  # breaks the inputs or the call's keywords in place
 CASES: list = []
@@ -122,28 +120,3 @@ def test_bad_lowbit_input_is_refused_and_nothing_is_written(name, storage, amsgr
         return run
 
     assert_raise_alike([call("ext"), call("torch")], exc, match)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_cuda_int8_adamw_refuses_16_bit_grads(dtype: torch.dtype) -> None:
-    """The CUDA int8 AdamW kernel reads float32 grads only (csrc/kernels/optim_step.cuh, kInt8NeedsFp32Grads):
-    16-bit grads are refused with a message naming them, before anything is written; float32 grads step."""
-    require_ext()
-    n = 1000
-    params = [torch.randn(n, device="cuda").to(dtype)]
-    codes = [torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda") for _ in range(2)]
-    scales = [torch.rand((n + 255) // 256, device="cuda") for _ in range(2)]
-    steps = [torch.ones((), device="cuda")]
-    state = [params, [codes[0]], [codes[1]], [scales[0]], [scales[1]], steps]
-    before = snapshot([t for lists in state for t in lists])
-
-    def step(grads: list[torch.Tensor]) -> None:
-        ops.adamw_step_(params, grads, [codes[0]], [codes[1]], steps, lr=1e-3, exp_avgs_scales=[scales[0]],
-                        exp_avg_sqs_scales=[scales[1]], backend="ext")  # fmt: skip
-
-    with pytest.raises(RuntimeError, match=r"int8 states .* on CUDA take float32 grads, got a 16-bit grads\[0\]"):
-        step([torch.randn(n, device="cuda").to(dtype)])
-    assert_bits_unchanged(before, [t for lists in state for t in lists], "int8 AdamW state")
-    step([torch.randn(n, device="cuda")])
-    assert float(steps[0]) == 2.0
