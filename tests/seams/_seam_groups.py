@@ -67,12 +67,14 @@ def _run_cell(cell: Cell, rank: int, world: int, phase: str, ckpt: str) -> tuple
     from _seam_entries import build, run_loop
 
     want = verdict(cell)
+    if phase == "run" and cell.event == "checkpoint":  # its first group trains to the mid-window checkpoint
+        phase = "save"
     parts = None
     try:
         if cell.entry == "lightning":  # the Trainer builds everything inside fit()
             from _seam_lightning import run_lightning
 
-            (model, opt), finished = run_lightning(cell, rank, world), True
+            model, opt, finished = run_lightning(cell, rank, world, phase, ckpt)
         else:
             parts = build(cell, rank, world)
             before = _snapshot(parts)
@@ -85,6 +87,8 @@ def _run_cell(cell: Cell, rank: int, world: int, phase: str, ckpt: str) -> tuple
         chain = [error, *([error.__cause__] if error.__cause__ is not None else [])]  # a peer error chains it
         if not any(re.search(want.match, str(e)) for e in chain):
             return False, f"refused with an unexpected message: {text}"
+        if os.listdir(ckpt):
+            return False, f"refused ({text}) after writing {sorted(os.listdir(ckpt))} to the checkpoint folder"
         if parts is not None:
             after = _snapshot(parts)
             if len(after) != len(before) or not all(torch.equal(a, b) for a, b in zip(after, before, strict=True)):
