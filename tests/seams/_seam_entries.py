@@ -132,8 +132,9 @@ def load(cell: Cell, parts, ckpt: str, rank: int) -> None:
         scaler.load_state_dict(local["scaler"])
 
 
-def run_loop(cell: Cell, rank: int, world: int, phase: str, ckpt: str, parts) -> bool:
-    """core / compat / accelerate: True when the run finished (False: phase "save" stopped to save)."""
+def run_loop(cell: Cell, rank: int, world: int, phase: str, ckpt: str, parts, before_save: Callable[[], None]) -> bool:
+    """core / compat / accelerate: True when the run finished (False: phase "save" stopped to save; before_save()
+    runs just before the checkpoint is taken)."""
     model, opt, sched, scaler, acc = parts
     batches = samples(cell, world)
     start, stop = 0, len(batches)
@@ -145,6 +146,7 @@ def run_loop(cell: Cell, rank: int, world: int, phase: str, ckpt: str, parts) ->
     for batch in batches[start:stop]:
         _micro_batch(cell, acc, model, opt, scaler, shard(batch, rank))
     if phase == "save":
+        before_save()
         save(cell, parts, ckpt, rank)
         return False
     if cell.entry == "compat":

@@ -78,7 +78,11 @@ def _run_cell(cell: Cell, rank: int, world: int, phase: str, ckpt: str) -> tuple
         else:
             parts = build(cell, rank, world)
             before = _snapshot(parts)
-            finished = run_loop(cell, rank, world, phase, ckpt, parts)
+
+            def before_save() -> None:  # a refused checkpoint must leave what the micro-batches before it wrote
+                before[:] = _snapshot(parts)
+
+            finished = run_loop(cell, rank, world, phase, ckpt, parts, before_save)
             model, opt = parts[0], parts[1]
     except Exception as error:  # a refusal, or a failure of the cell
         text = f"{type(error).__name__}: {error}"

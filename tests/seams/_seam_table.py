@@ -143,6 +143,10 @@ def verdict(cell: Cell) -> Verdict:
     if c.parallel in FSDP_MODES and c.event == "oom_backward":
         return Verdict("refused", "a backward that raised leaves FSDP2 mid-backward: the retry is refused",
                        r"FSDP2 was left mid-backward")  # fmt: skip
+    if c.parallel in ("fsdp_window", "hsdp") and c.event == "checkpoint":
+        return Verdict("refused", "FSDP2 still holds the open window's partly reduced gradients (fsdp_reduce='window', "
+                       "or HSDP's replicate dimension): a mid-window checkpoint is refused; fsdp_micro on a 1-D mesh "
+                       "saves mid-window", r"cannot take a mid-window checkpoint here")  # fmt: skip
     return Verdict("equal", "equals the plain loop")
 
 
