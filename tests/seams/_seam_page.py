@@ -8,6 +8,7 @@ from collections import defaultdict
 from _seam_known import known_failure
 from _seam_table import (
     DIMENSIONS,
+    LIGHTNING_MID_WINDOW_CELLS,
     LOW_BIT_CELLS,
     MEANING,
     PRODUCT_SUBSET,
@@ -119,7 +120,9 @@ def render() -> str:
             " x ".join("/".join(f"`{v}`" for v in vs) for vs in PRODUCT_SUBSET.values()) + ", plus cells that",
             "pin what the matrix found: " + ", ".join(f"`{c.id}`" for c in REGRESSION_CELLS) + ", plus low-bit",
             "optimizer states through every seam a fused optimizer meets: " +
-            ", ".join(f"`{c.id}`" for c in LOW_BIT_CELLS) + ".", ""]  # fmt: skip
+            ", ".join(f"`{c.id}`" for c in LOW_BIT_CELLS) + ", plus Lightning's `trainer.save_checkpoint()` with the",
+            "window open, resumed by a fresh `Trainer` (`ckpt_path`): " +
+            ", ".join(f"`{c.id}`" for c in LIGHTNING_MID_WINDOW_CELLS) + ".", ""]  # fmt: skip
     gaps = uncovered_pairs()
     if gaps:
         out.append("Pairs no built combination holds (only in `A` rules): " +
