@@ -204,6 +204,8 @@ def trained(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[torch.Te
         return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
 
     opt = getattr(opt, "optimizer", opt)  # Accelerate's AcceleratedOptimizer holds the optimizer
-    state = [opt.state[p] for p in model.parameters()]
+    # .get, not opt.state[p]: the state is a defaultdict, and the empty entries indexing adds to a fresh optimizer
+    # make torch's get_state_dict take its state as initialised, so a DCP load after a snapshot restored none of it
+    state = [opt.state.get(p, {}) for p in model.parameters()]
     moments = [full(s[k]) for s in state for k in sorted(s) if k != "step" and isinstance(s[k], torch.Tensor)]
     return [full(p) for p in model.parameters()] + moments

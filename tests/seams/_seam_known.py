@@ -1,7 +1,8 @@
 """THE one place where seam cells that fail on today's code are marked, each with the finding (issue 27's, or a
 documented limit of a feature) that explains it: a rule here gives its cells xfail(strict=True), so once the
 finding's fix is merged the cell passes, its strict mark fails the run, and the rule is deleted (findings 1 and 3
-were marked here until their fixes reached main)."""
+were marked here until their fixes reached main; so was fsdp_micro's mid-window checkpoint, a harness fault: the
+snapshot before the load indexed the fresh optimizer's state, see _seam_cells.trained)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,6 @@ KNOWN: tuple[tuple[Callable[[Cell], bool], str], ...] = (
         "bf16 optimizer states under FSDP2 / HSDP draw their stochastic rounding by the element's position in the "
         "rank's shard, not in the param, so they are not one process's bits (docs/optimizer-states.md: reproducible "
         "and resumed exactly at the same layout; int8 states on aligned shards are exact)",
-    ),
-    (
-        lambda c: c.parallel == "fsdp_micro" and c.event == "checkpoint" and verdict(c).kind == "equal",
-        "not yet diagnosed (harness or product): a mid-window DCP checkpoint under FSDP2 with "
-        "fsdp_reduce='micro_step' resumes to parameters other than the plain loop's (every element of the first "
-        "Linear's weight; torch's AdamW and SGD too), while tests/distributed/test_fsdp.py's check_resume passes; "
-        "seen once the seam harness really saved mid-window",
     ),
 )
 
