@@ -35,14 +35,17 @@ bool before(const Range& a, const Range& b) {
 // Sorts `v` by `before`. Long lists take a stable LSD radix sort of the starts, over only the bits where they
 // differ (kDigitBits at a time), then order each run of equal starts (an overlap, which the scan refuses) by
 // `before`: `v` comes in (argument, index) order, so the result is std::sort's. For 2,000 separate tensors
-// (addresses over ~2^20 bytes) that is two passes, about a third of std::sort's cost (callgrind).
+// (addresses over ~2^20 bytes) that is two passes, the sort under half of std::sort's cost (callgrind: the
+// whole memory check 187 -> 163 instructions per (buf, grad) pair).
 void sort_ranges(std::vector<Range>& v) {
   constexpr size_t kRadixFrom = 256;  // below it std::sort's n log n undercuts the passes' bucket tables
   constexpr int kDigitBits = 11;
   const size_t n = v.size();
   uintptr_t differ = 0;
-  for (const Range& r : v) differ |= r.start ^ v[0].start;
-  if (n < kRadixFrom || differ == 0) {
+  if (n >= kRadixFrom) {
+    for (const Range& r : v) differ |= r.start ^ v[0].start;
+  }
+  if (differ == 0) {  // a short list, or every start the same
     std::sort(v.begin(), v.end(), before);
     return;
   }

@@ -132,8 +132,8 @@ def _decoded(codes: Any, scales: Any, name: str, where: str) -> torch.Tensor:
             why = f"its scales are {_layout(scales)}, expected [{_blocks(codes)}] placed {expected}"
     if why is not None:
         raise ValueError(
-            f"to_torch_state_dict: {where}: a DTensor int8 state that cannot be read shard by shard: {why}; gather "
-            "the state_dict first (get_state_dict with StateDictOptions(full_state_dict=True))"
+            f"to_torch_state_dict: {where}: a DTensor int8 state that cannot be read shard by shard: {why}; "
+            + GATHER_HINT
         )
     return _sharded_like(dequantize(codes.to_local(), scales.to_local(), name), codes)
 
